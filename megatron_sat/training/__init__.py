@@ -1,0 +1,1 @@
+"""Training: wrapping models for data parallelism, the optimizer, the step, checkpoints, the loop."""

@@ -1,0 +1,209 @@
+"""Worker for tests/test_parallel_equivalence.py: train the same tiny model at many layouts.
+
+    torchrun --nproc-per-node 1 tests/workers/equivalence.py --out DIR --reference
+    torchrun --nproc-per-node 4 tests/workers/equivalence.py --out DIR
+
+The reference run (one rank) saves each variant's initial weights as a dist checkpoint, then
+records the loss of every step, every parameter's gradient after the first backward and every
+parameter after the last step. Layout runs load those initial weights (resharded by
+dist-checkpointing), train on the same global batches and write, from global rank 0, the same
+records gathered to full tensors under global names: results.json lists each comparison.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from megatron_sat import compat  # noqa: E402
+
+compat.ensure_cpu_compat()
+
+from megatron.core import parallel_state  # noqa: E402
+
+from megatron_sat.model.config import make_config  # noqa: E402
+from megatron_sat.model.gpt import build_model  # noqa: E402
+from megatron_sat.parallel.layout import Layout, initialize, validate  # noqa: E402
+from megatron_sat.training.checkpointing import load_model, save_model  # noqa: E402
+from megatron_sat.training.step import build_optimizer, train_step, wrap_ddp  # noqa: E402
+
+VOCAB, SEQ, GLOBAL_BATCH, MBS, STEPS, SEED = 128, 16, 8, 1, 3, 1234
+SIZES = dict(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=128)
+VARIANTS = {
+    "transformer": dict(arch="transformer"),
+    "resformer": dict(arch="resformer"),
+    "satformer": dict(arch="satformer"),
+    "satformer_last2_sigmoid": dict(arch="satformer", value_residual_last_k=2, value_residual_gate="sigmoid"),
+}
+FULL_RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
+SELECTIVE_RECOMPUTE = dict(recompute_granularity="selective", recompute_modules=["core_attn"])
+LAYOUTS = {
+    "dp4": (Layout(), {}),
+    "tp2": (Layout(tp=2), {}),
+    "tp2_sp": (Layout(tp=2, sp=True), {}),
+    "pp2": (Layout(pp=2), {}),
+    "pp2_vpp2": (Layout(pp=2, vpp=2), {}),
+    "tp2_pp2": (Layout(tp=2, pp=2), {}),
+    "pp2_full_recompute": (Layout(pp=2), FULL_RECOMPUTE),
+    "tp2_sp_selective_recompute": (Layout(tp=2, sp=True), SELECTIVE_RECOMPUTE),
+}
+CASES = [(v, lay) for v in ("transformer", "resformer", "satformer") for lay in LAYOUTS] + [
+    ("satformer_last2_sigmoid", "tp2_pp2"),
+    ("satformer_last2_sigmoid", "pp2_vpp2"),
+]
+
+
+def batches(step: int, dp_rank: int, dp_size: int):
+    """This DP rank's micro-batches of the step's global batch (the same global batch everywhere)."""
+    g = torch.Generator().manual_seed(SEED + step)
+    data = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=g)
+    mask = torch.ones(GLOBAL_BATCH, SEQ)
+    mask[:, :3] = 0  # a partial loss mask, so token counts matter
+    mask[1, 5:] = 0
+    per_rank = GLOBAL_BATCH // dp_size
+    for i in range(dp_rank * per_rank, (dp_rank + 1) * per_rank, MBS):
+        yield dict(
+            tokens=data[i : i + MBS, :-1],
+            labels=data[i : i + MBS, 1:],
+            loss_mask=mask[i : i + MBS],
+            position_ids=torch.arange(SEQ).unsqueeze(0).expand(MBS, SEQ),
+        )
+
+
+def full_tensors(chunks, source: str) -> dict:
+    """{global name: full tensor} of this rank's parameters ('param' or 'grad'), TP shards gathered."""
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    out = {}
+    for chunk in chunks:
+        model = chunk.module
+        renames = {f"decoder.layers.{i}.": f"decoder.layers.{layer.layer_number - 1}." for i, layer in enumerate(model.decoder.layers)}
+        for name, p in model.named_parameters():
+            if getattr(p, "shared", False):
+                continue  # replicas (tied output layer, ResFormer lambdas) equal their primary
+            t = (p.main_grad if source == "grad" else p).detach().float().clone()
+            if getattr(p, "tensor_model_parallel", False) and tp_group.size() > 1:
+                dim = p.partition_dim
+                pieces = t.chunk(2, dim) if name.endswith("linear_fc1.weight") else (t,)  # SwiGLU [gate; up]
+                gathered = []
+                for piece in pieces:
+                    parts = [torch.empty_like(piece) for _ in range(tp_group.size())]
+                    torch.distributed.all_gather(parts, piece.contiguous(), group=tp_group)
+                    gathered.append(torch.cat(parts, dim))
+                t = torch.cat(gathered, dim)
+            for local, glob in renames.items():
+                if name.startswith(local):
+                    name = glob + name[len(local):]
+                    break
+            out[name] = t
+    return out
+
+
+def collect(chunks, source: str):
+    """Gather every stage's full tensors on global rank 0 (None elsewhere)."""
+    mine = full_tensors(chunks, source)
+    if parallel_state.get_tensor_model_parallel_rank() or parallel_state.get_data_parallel_rank():
+        mine = {}
+    everything = [None] * torch.distributed.get_world_size() if torch.distributed.get_rank() == 0 else None
+    torch.distributed.gather_object(mine, everything, dst=0)
+    if everything is None:
+        return None
+    merged = {}
+    for d in everything:
+        merged.update(d)
+    return merged
+
+
+def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
+    layout, extra = (Layout(), {}) if reference else LAYOUTS[layout_name]
+    world = torch.distributed.get_world_size()
+    config = make_config(**VARIANTS[variant], **SIZES, **layout.config_fields(), **extra)
+    dp = layout.dp(world)
+    num_micro = GLOBAL_BATCH // (MBS * dp)
+    validate(layout, config, world, seq_length=SEQ, num_microbatches=num_micro)
+    initialize(layout, seed=SEED)
+    chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)
+    init_dir = os.path.join(out, f"init_{variant}")
+    if reference:
+        save_model(chunks, init_dir)
+    else:
+        load_model(chunks, init_dir)
+    chunks = wrap_ddp(chunks, config)
+    optimizer = build_optimizer(chunks, lr=1e-2, weight_decay=0.1, clip_grad=1.0)
+    losses, grads = [], None
+    dp_rank = parallel_state.get_data_parallel_rank()
+    for step in range(STEPS):
+        loss, grad_norm, ok = train_step(
+            chunks, optimizer, config, batches(step, dp_rank, dp),
+            num_microbatches=num_micro, seq_length=SEQ, micro_batch_size=MBS,
+        )
+        assert ok, "optimizer step skipped"
+        losses.append(loss)
+        if step == 0:
+            grads = collect(chunks, "grad")
+    params = collect(chunks, "param")
+    # the loss lives on the last stage: send it to rank 0
+    last = [None] * world
+    torch.distributed.all_gather_object(last, losses)
+    losses = next(l for l in last[::-1] if l[0] is not None)
+    record = dict(losses=losses, grads=grads, params=params)
+    if torch.distributed.get_rank() == 0 and reference:
+        torch.save(record, os.path.join(out, f"ref_{variant}.pt"))
+    return record if torch.distributed.get_rank() == 0 else None
+
+
+def compare(ref: dict, got: dict) -> dict:
+    def rel(a, b):
+        return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
+
+    missing = sorted(set(ref["grads"]) ^ set(got["grads"]))
+    grad_err = {k: rel(got["grads"][k], ref["grads"][k]) for k in ref["grads"] if k in got["grads"]}
+    param_err = {k: rel(got["params"][k], ref["params"][k]) for k in ref["params"] if k in got["params"]}
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
+    return dict(
+        losses=got["losses"], ref_losses=ref["losses"], loss_rel_err=loss_err, missing=missing,
+        num_params=len(grad_err),
+        worst_grad=max(grad_err.items(), key=lambda kv: kv[1]),
+        worst_param=max(param_err.items(), key=lambda kv: kv[1]),
+        gate_and_v1_grads={k: v for k, v in grad_err.items()
+                           if "value_residual" in k or k.startswith("decoder.layers.0.self_attention.linear_qkv")},
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--only", nargs="*", help="variants to run (default: all)")
+    args = parser.parse_args()
+    keep = lambda variant: not args.only or variant in args.only  # noqa: E731
+    torch.distributed.init_process_group(backend=compat.dist_backend())
+    results = {}
+    if args.reference:
+        for variant in filter(keep, VARIANTS):
+            run_case(variant, "reference", args.out, reference=True)
+    else:
+        refs = {}
+        for variant, layout_name in CASES:
+            if not keep(variant):
+                continue
+            record = run_case(variant, layout_name, args.out, reference=False)
+            if record is not None:
+                ref = refs.setdefault(variant, None) or torch.load(os.path.join(args.out, f"ref_{variant}.pt"))
+                refs[variant] = ref
+                results[f"{variant}/{layout_name}"] = compare(ref, record)
+                r = results[f"{variant}/{layout_name}"]
+                print(f"{variant:>24} {layout_name:<28} loss rel err {r['loss_rel_err']:.1e}  "
+                      f"worst grad {r['worst_grad'][1]:.1e}  worst param {r['worst_param'][1]:.1e}", flush=True)
+        if torch.distributed.get_rank() == 0:
+            with open(os.path.join(args.out, "results.json"), "w") as f:
+                json.dump(results, f, indent=1)
+    parallel_state.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
