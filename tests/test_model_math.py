@@ -92,6 +92,7 @@ def reference_logits(w, cfg, tokens):
 def _worker():
     from megatron_sat.model.config import make_config
     from megatron_sat.model.gpt import build_model
+    from megatron_sat.model.sizes import count_parameters
 
     init_megatron()
     results = {}
@@ -115,6 +116,7 @@ def _worker():
         tokens2[:, -1] = (tokens2[:, -1] + 1) % VOCAB
         with torch.no_grad():
             got2 = model(tokens2, pos, None)
+        results[name + "/params"] = (sum(p.numel() for p in model.parameters()), count_parameters(config, VOCAB)["total"])
         results[name + "/causal"] = (got2[:, :-1] - got[:, :-1]).abs().max().item()
     return results
 
@@ -128,3 +130,9 @@ def errors():
 def test_logits_match_formulas(errors, variant):
     assert errors[variant] <= 1e-10, f"{variant}: relative max logit error {errors[variant]:.2e}"
     assert errors[variant + "/causal"] == 0.0, f"{variant}: a later token changed an earlier logit"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_parameter_count_formula(errors, variant):
+    built, formula = errors[variant + "/params"]
+    assert built == formula, f"{variant}: the model has {built} parameters, count_parameters says {formula}"

@@ -1,0 +1,42 @@
+"""The paper's model sizes and an exact parameter count for any config.
+
+PAPER_SCALES are the SATFormer authors' grid (../shared/reference/satformer.md) with their defects
+fixed: xl uses 32 heads (their SATFormer xl file says 24, and 2048 / 24 is not a whole head size),
+and every arch is multi-head (their Transformer medium alone used 4 KV heads), so that archs at one
+scale differ only in the value residual.
+"""
+
+PAPER_VOCAB = 32000  # Llama-2 tokenizer
+PAPER_SEQ_LENGTH = 4096
+
+PAPER_SCALES = {
+    "130M": dict(num_layers=11, hidden_size=768, num_attention_heads=12, num_query_groups=12, ffn_hidden_size=3072),
+    "340M": dict(num_layers=18, hidden_size=1024, num_attention_heads=16, num_query_groups=16, ffn_hidden_size=4096),
+    "760M": dict(num_layers=19, hidden_size=1536, num_attention_heads=24, num_query_groups=24, ffn_hidden_size=6144),
+    "1.3B": dict(num_layers=24, hidden_size=2048, num_attention_heads=32, num_query_groups=32, ffn_hidden_size=5632),
+}
+
+
+def count_parameters(config, vocab_size: int, tied_embeddings: bool = True) -> dict:
+    """Parameters by part for a megatron_sat model (matches sum(p.numel()) of the built model)."""
+    h, L = config.hidden_size, config.num_layers
+    hn, nq, ng = config.kv_channels, config.num_attention_heads, config.num_query_groups
+    attention = h * (nq + 2 * ng) * hn + nq * hn * h  # linear_qkv + linear_proj
+    mlp = h * config.ffn_hidden_size * (3 if config.gated_linear_unit else 2)
+    norms = 2 * h + (2 * hn if config.qk_layernorm else 0)  # input, pre-MLP, q and k norms
+    mixing = len(config.mixing_layers)
+    if config.arch == "satformer":
+        value_residual = mixing * ng * h  # W_alpha per mixing layer
+    elif config.arch == "resformer" and config.resformer_lambdas == "learned":
+        value_residual = mixing + mixing + 1  # lambda2 per layer, logits, scale
+    else:
+        value_residual = 0
+    parts = dict(
+        embedding=vocab_size * h * (1 if tied_embeddings else 2),
+        attention=L * attention,
+        mlp=L * mlp,
+        norms=L * norms + h,
+        value_residual=value_residual,
+    )
+    parts["total"] = sum(parts.values())
+    return parts

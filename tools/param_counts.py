@@ -1,0 +1,42 @@
+"""Parameter counts of every arch at the paper's four scales.
+
+    python tools/param_counts.py            # the table
+    python tools/param_counts.py --json     # machine-readable
+
+Counts are exact (the formula in megatron_sat/model/sizes.py is tested against built models).
+"""
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+warnings.filterwarnings("ignore", module="megatron")  # import-time notes about absent Apex/TE
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_sat.model.config import ARCHS, make_config  # noqa: E402
+from megatron_sat.model.sizes import PAPER_SCALES, PAPER_VOCAB, count_parameters  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocab-size", type=int, default=PAPER_VOCAB)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for scale, sizes in PAPER_SCALES.items():
+        for arch in ARCHS:
+            parts = count_parameters(make_config(arch, **sizes), args.vocab_size)
+            rows.append(dict(scale=scale, arch=arch, **parts))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'scale':>6} {'arch':<12} {'total':>15} {'non-embedding':>15} {'value residual':>15}")
+    for r in rows:
+        print(f"{r['scale']:>6} {r['arch']:<12} {r['total']:>15,} {r['total'] - r['embedding']:>15,} "
+              f"{r['value_residual']:>15,}")
+
+
+if __name__ == "__main__":
+    main()
