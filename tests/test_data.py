@@ -1,0 +1,277 @@
+"""Tests of megatron_sat.data and tools/preprocess_data.py (CPU, single process, ~30 s)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="needs requirements/hf.txt (transformers, tokenizers)")
+pytest.importorskip("tokenizers", reason="needs requirements/hf.txt (transformers, tokenizers)")
+
+from megatron_sat.data import (  # noqa: E402
+    DistributedBatchSampler,
+    NullTokenizer,
+    build_data_loader,
+    build_datasets,
+    default_corpus_documents,
+    load_tokenizer,
+    parse_blend,
+    preprocess,
+    read_documents,
+    train_bpe_tokenizer,
+    write_default_corpus,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TEXTS = [
+    "Hello world. This is the first document.",
+    "Unicode: caf\u00e9, na\u00efve, \u4e2d\u6587, emoji \U0001f600 and  double  spaces ,punct .",
+    "",  # empty documents are skipped
+    "Tabs\tand\nnew lines\n\n  indented line\n",
+    "def f(x):\n    return x ** 2  # code is text too\n",
+]
+
+
+def write_jsonl(path, texts, key="text"):
+    with open(path, "w") as f:
+        for t in texts:
+            f.write(json.dumps({key: t}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(workdir):
+    """A 1,024-token byte-level BPE trained on part of the default corpus."""
+    docs = default_corpus_documents(("topics",))[:30]
+    src = write_jsonl(workdir / "bpe_train.jsonl", [t for _, t in docs])
+    return train_bpe_tokenizer([src], 1024, str(workdir / "tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def corpus_prefix(workdir, tokenizer):
+    """The default corpus (topics only, to stay fast) as an indexed dataset."""
+    info = write_default_corpus(str(workdir / "raw"), sources=("topics",))
+    prefix = str(workdir / "topics_text_document")
+    preprocess([info.path], tokenizer, prefix, workers=1, progress=False)
+    return prefix
+
+
+# -- tokenizer and corpus ------------------------------------------------------------------
+
+
+def test_tokenizer_folder_loads_with_transformers(workdir, tokenizer):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(workdir / "tokenizer"))
+    assert len(hf) == tokenizer.vocab_size == 1024
+    assert tokenizer.eod == hf.eos_token_id
+    assert tokenizer.pad == -1
+    text = "Round trip: \u00e9\u00e8 \u4e2d  x"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    # a bare tokenizers JSON file loads too, with the eod token found by name
+    tok2 = load_tokenizer(str(workdir / "tokenizer" / "tokenizer.json"))
+    assert tok2.eod == tokenizer.eod and tok2.encode(text) == tokenizer.encode(text)
+
+
+def test_default_corpus_is_deterministic(tmp_path):
+    a = write_default_corpus(str(tmp_path / "a"))
+    assert a.num_docs > 300 and a.num_chars > 1_000_000
+    b = write_default_corpus(str(tmp_path / "b"), sources=("topics",))
+    c = write_default_corpus(str(tmp_path / "c"), sources=("topics",))
+    assert b.sha256 == c.sha256 and b.num_docs == c.num_docs > 50
+    with open(a.path) as f:
+        first = json.loads(f.readline())
+    assert set(first) == {"text"} and len(first["text"]) > 100
+
+
+# -- preprocessing -------------------------------------------------------------------------
+
+
+def test_preprocess_roundtrip(workdir, tokenizer):
+    src = write_jsonl(workdir / "tiny.jsonl", TEXTS)
+    prefix = str(workdir / "tiny")
+    res = preprocess([src], tokenizer, prefix, workers=1, progress=False)
+    kept = [t for t in TEXTS if t]
+    assert (res.num_docs, res.num_skipped) == (len(kept), 1)
+    docs = read_documents(prefix)
+    assert len(docs) == len(kept)
+    assert res.num_tokens == sum(len(d) for d in docs)
+    for ids, text in zip(docs, kept):
+        assert ids[-1] == tokenizer.eod  # eod appended per document
+        assert tokenizer.decode(ids[:-1]) == text
+    meta = json.load(open(prefix + ".meta.json"))
+    assert meta["vocab_size"] == 1024 and meta["dtype"] == "uint16"
+
+    # two worker processes write the same bytes
+    res2 = preprocess([src], tokenizer, prefix + "_w2", workers=2, chunksize=1, progress=False)
+    assert res2.num_tokens == res.num_tokens
+    for ext in (".bin", ".idx"):
+        assert open(prefix + ext, "rb").read() == open(prefix + "_w2" + ext, "rb").read()
+
+
+def test_preprocess_txt_paragraphs(workdir, tokenizer):
+    path = workdir / "doc.txt"
+    path.write_text("First paragraph\nstill first.\n\n\nSecond one.\n")
+    res = preprocess([str(path)], str(workdir / "tokenizer"), str(workdir / "txt"),
+                     txt_mode="paragraph", progress=False)
+    docs = read_documents(str(workdir / "txt"))
+    assert res.num_docs == 2
+    assert [tokenizer.decode(d[:-1]) for d in docs] == ["First paragraph\nstill first.",
+                                                          "Second one."]
+
+
+def _no_output(prefix):
+    folder = os.path.dirname(prefix)
+    return not any(f.startswith(os.path.basename(prefix)) for f in os.listdir(folder))
+
+
+def test_preprocess_errors(workdir, tokenizer, tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", ["some text"])
+    out = str(tmp_path / "out")
+
+    with pytest.raises(SystemExit, match="input file.*not found.*missing.jsonl"):
+        preprocess([str(tmp_path / "missing.jsonl")], tokenizer, out, progress=False)
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(SystemExit, match="empty input: no documents"):
+        preprocess([str(empty)], tokenizer, out, progress=False)
+    blank = write_jsonl(tmp_path / "blank.jsonl", ["", ""])
+    with pytest.raises(SystemExit, match=r"empty input.*\(2 empty documents\)"):
+        preprocess([blank], tokenizer, out, progress=False)
+
+    with pytest.raises(SystemExit, match="tokenizer path does not exist"):
+        preprocess([good], str(tmp_path / "no_such_tokenizer"), out, progress=False)
+    not_tok = tmp_path / "not_a_tokenizer"
+    not_tok.mkdir()
+    (not_tok / "readme.txt").write_text("hi")
+    with pytest.raises(SystemExit, match="is not a tokenizer folder"):
+        preprocess([good], str(not_tok), out, progress=False)
+    with pytest.raises(SystemExit, match="is not a tokenizer"):
+        preprocess([good], good, out, progress=False)  # a file that is not tokenizer JSON
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(SystemExit, match="output folder .* is not writable"):
+        preprocess([good], tokenizer, str(a_file / "sub" / "out"), progress=False)
+
+    wrong_key = write_jsonl(tmp_path / "key.jsonl", ["x"], key="content")
+    with pytest.raises(SystemExit, match=r"key.jsonl:1: no field 'text'.*content"):
+        preprocess([wrong_key], tokenizer, out, progress=False)
+    assert preprocess([wrong_key], tokenizer, out, json_key="content", progress=False).num_docs == 1
+    os.remove(out + ".bin"), os.remove(out + ".idx"), os.remove(out + ".meta.json")
+    assert _no_output(out)  # failed runs left no half-written files
+
+
+def test_cli(workdir, tmp_path):
+    tool = os.path.join(REPO, "tools", "preprocess_data.py")
+    src = write_jsonl(tmp_path / "in.jsonl", TEXTS)
+    ok = subprocess.run(
+        [sys.executable, tool, "--input", src, "--tokenizer", str(workdir / "tokenizer"),
+         "--output-prefix", str(tmp_path / "cli"), "--workers", "1", "--quiet"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "4 documents" in ok.stdout and str(tmp_path / "cli") in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, tool, "--input", str(tmp_path / "nope.jsonl"), "--tokenizer",
+         str(workdir / "tokenizer"), "--output-prefix", str(tmp_path / "x")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert bad.returncode != 0 and "input file(s) not found" in bad.stderr
+
+
+# -- datasets and sampling -----------------------------------------------------------------
+
+
+def test_build_datasets(workdir, tokenizer, corpus_prefix):
+    cache = str(workdir / "run" / "data_cache")
+    ds = build_datasets(corpus_prefix, tokenizer, seq_length=64, num_samples=(500, 20, 0),
+                        split="90,10,0", seed=7, cache_dir=cache)
+    assert len(ds.train) >= 500 and len(ds.valid) >= 20 and ds.test is None
+    assert any(f.endswith("shuffle_index.npy") for f in os.listdir(cache))
+    s = ds.train[3]
+    assert s["tokens"].shape == (64,) and torch.equal(s["tokens"][1:], s["labels"][:-1])
+    assert "attention_mask" not in s or s["attention_mask"] is None
+    # rebuilt from the cache: identical samples
+    ds2 = build_datasets(corpus_prefix, tokenizer, seq_length=64, num_samples=(500, 20, 0),
+                         split="90,10,0", seed=7, cache_dir=cache)
+    assert torch.equal(ds2.train[3]["tokens"], s["tokens"])
+
+    with pytest.raises(FileNotFoundError, match="no indexed dataset"):
+        build_datasets(corpus_prefix + "_nope", tokenizer, 64, (10, 0, 0), cache_dir=cache)
+    tiny = str(workdir / "tiny")  # 4 documents: a 2% valid split is empty
+    with pytest.raises(ValueError, match="valid split .* has no documents"):
+        build_datasets(tiny, tokenizer, 16, (10, 10, 0), split="98,2,0", cache_dir=cache)
+    per_split = build_datasets({"train": corpus_prefix, "valid": tiny}, tokenizer, 16,
+                               (50, 5, 0), cache_dir=cache)
+    assert len(per_split.train) >= 50 and len(per_split.valid) >= 5 and per_split.test is None
+    assert parse_blend("0.3 a 0.7 b") == (["a", "b"], [0.3, 0.7])
+    assert parse_blend(["a", "b"]) == (["a", "b"], None)
+
+
+def test_loader_batches(workdir, tokenizer, corpus_prefix):
+    ds = build_datasets(corpus_prefix, tokenizer, seq_length=32, num_samples=(64, 8, 0),
+                        split="90,10,0", cache_dir=str(workdir / "run" / "data_cache"),
+                        create_attention_mask=True)
+    batch = next(iter(build_data_loader(ds.train, micro_batch_size=4)))
+    assert batch["tokens"].shape == batch["labels"].shape == (4, 32)
+    assert batch["tokens"].dtype == torch.int64 and batch["loss_mask"].dtype == torch.float32
+    assert batch["position_ids"].shape == (4, 32)
+    assert batch["attention_mask"].shape == (4, 1, 32, 32)  # True above the diagonal = masked
+    assert batch["attention_mask"][0, 0, 0, 1] and not batch["attention_mask"][0, 0, 1, 0]
+
+
+def test_sampler_sharding_and_resume():
+    total, mbs = 103, 3
+    full = [b for b in DistributedBatchSampler(total, mbs, 0, 1)]
+    r0 = list(DistributedBatchSampler(total, mbs, dp_rank=0, dp_size=2))
+    r1 = list(DistributedBatchSampler(total, mbs, dp_rank=1, dp_size=2))
+    flat0, flat1 = sum(r0, []), sum(r1, [])
+    assert not set(flat0) & set(flat1)  # disjoint
+    # rank 0 then rank 1 in each step reproduce the single-rank order (17 full steps of 6)
+    assert sum((a + b for a, b in zip(r0, r1)), []) == list(range(102))
+    assert sum(full, []) == list(range(102))
+    # resume after 5 steps (30 samples): continues exactly
+    for rank, run in ((0, r0), (1, r1)):
+        resumed = list(DistributedBatchSampler(total, mbs, rank, 2, consumed_samples=30))
+        assert resumed == run[5:]
+    with pytest.raises(ValueError, match="multiple of"):
+        DistributedBatchSampler(total, mbs, 0, 2, consumed_samples=4)
+    cyc = iter(DistributedBatchSampler(10, 4, 1, 2, consumed_samples=8, cyclic=True))
+    assert next(cyc) == [2, 3, 4, 5] and next(cyc) == [0, 1, 2, 3]
+
+
+def test_loader_resume_matches_uninterrupted(workdir, tokenizer, corpus_prefix):
+    ds = build_datasets(corpus_prefix, tokenizer, seq_length=32, num_samples=(96, 0, 0),
+                        split="90,10,0", cache_dir=str(workdir / "run" / "data_cache"))
+    per_rank = {}
+    for rank in (0, 1):
+        it = iter(build_data_loader(ds.train, 4, dp_rank=rank, dp_size=2))
+        per_rank[rank] = [next(it)["tokens"] for _ in range(6)]
+        resumed = iter(build_data_loader(ds.train, 4, rank, 2, consumed_samples=3 * 8))
+        for k in range(3, 6):
+            assert torch.equal(next(resumed)["tokens"], per_rank[rank][k])
+    # a DP=2 step holds the same 8 samples as a DP=1 step of micro-batch 8
+    single = next(iter(build_data_loader(ds.train, 8)))["tokens"]
+    assert torch.equal(torch.cat([per_rank[0][0], per_rank[1][0]]), single)
+
+
+def test_mock_mode():
+    ds = build_datasets(None, NullTokenizer(512), seq_length=128, num_samples=(40, 8, 8),
+                        mock=True)
+    assert len(ds.train) >= 40 and len(ds.valid) >= 8
+    batch = next(iter(build_data_loader(ds.train, 2, dp_rank=1, dp_size=2)))
+    assert batch["tokens"].shape == (2, 128) and int(batch["tokens"].max()) < 512
+    assert batch["attention_mask"] is None
+    assert numpy.array_equal(batch["tokens"][:, 1:].numpy(), batch["labels"][:, :-1].numpy())
