@@ -1,0 +1,127 @@
+"""Forward+backward step time and memory of several archs, interleaved in one process.
+
+Each arch's model is built once; then rounds run one timed step per arch, in an order that
+alternates every round (A B C, C B A, ...), so machine drift and warm caches fall on every arch
+alike. Memory per arch:
+  * activations: bytes of the tensors autograd saves for backward in one step (unique storages,
+    counted through saved-tensor hooks): exact and device-independent, the part that a value
+    residual could grow;
+  * on a GPU also the peak allocated during the step (torch.cuda.max_memory_allocated).
+Written here because no library times several models against each other in one process.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from megatron_sat import compat
+from megatron_sat.model.config import make_config
+from megatron_sat.model.gpt import build_model
+from megatron_sat.parallel.layout import Layout
+
+
+@dataclass
+class ArchResult:
+    arch: str
+    params: int
+    step_s: list = field(default_factory=list)
+    activation_bytes: int = 0
+    peak_bytes: int = 0
+
+
+class _SavedBytes:
+    """Counts the unique storages autograd saves while active."""
+
+    def __init__(self):
+        self.seen, self.bytes = set(), 0
+
+    def pack(self, t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.seen:
+            self.seen.add(key)
+            self.bytes += storage.nbytes()
+        return t
+
+    def __enter__(self):
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_size: int, rounds: int,
+        warmup: int, bf16: bool = False, backend=None, layout: Layout = Layout(), seed: int = 1234,
+        log=print) -> dict:
+    """Benchmark single-rank (TP=PP=1) fwd+bwd steps; parallel_state must be initialised."""
+    device = compat.device()
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    models, results = {}, {}
+    for arch in archs:
+        torch.manual_seed(seed)
+        config = make_config(arch, **sizes, params_dtype=dtype, bf16=bf16, **layout.config_fields(dtype))
+        models[arch] = build_model(config, vocab_size=vocab_size, max_sequence_length=seq_length, backend=backend)[0]
+        results[arch] = ArchResult(arch, sum(p.numel() for p in models[arch].parameters()))
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (micro_batch_size, seq_length), generator=g).to(device)
+    position_ids = torch.arange(seq_length, device=device).unsqueeze(0).expand(micro_batch_size, -1)
+
+    def step(arch, measure=False):
+        model = models[arch]
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        counter = _SavedBytes() if measure else None
+        _sync()
+        start = time.perf_counter()
+        if counter:
+            with counter:
+                loss = model(tokens, position_ids, None, labels=tokens).float().mean()
+        else:
+            loss = model(tokens, position_ids, None, labels=tokens).float().mean()
+        loss.backward()
+        _sync()
+        elapsed = time.perf_counter() - start
+        model.zero_grad(set_to_none=True)
+        if counter:
+            results[arch].activation_bytes = counter.bytes
+        if torch.cuda.is_available():
+            results[arch].peak_bytes = max(results[arch].peak_bytes, torch.cuda.max_memory_allocated())
+        return elapsed
+
+    for arch in archs:  # warm-up, and one pass counting saved activations (not timed)
+        step(arch, measure=True)
+        for _ in range(warmup):
+            step(arch)
+    order = list(archs)
+    for r in range(rounds):
+        for arch in order:
+            results[arch].step_s.append(step(arch))
+        order.reverse()
+        log(f"round {r + 1}/{rounds}: " + "  ".join(f"{a} {results[a].step_s[-1] * 1e3:.1f} ms" for a in archs))
+    return results
+
+
+def summarize(results: dict, baseline: str = "transformer") -> list:
+    """Rows with median/min step time, memory and ratios to the baseline arch."""
+    base = results.get(baseline)
+    rows = []
+    for arch, r in results.items():
+        med = statistics.median(r.step_s)
+        row = dict(arch=arch, params=r.params, step_ms_median=med * 1e3, step_ms_min=min(r.step_s) * 1e3,
+                   step_ms_max=max(r.step_s) * 1e3, activation_mib=r.activation_bytes / 2**20,
+                   peak_mib=r.peak_bytes / 2**20 if r.peak_bytes else None)
+        if base is not None:
+            row["time_ratio"] = med / statistics.median(base.step_s)
+            row["activation_ratio"] = r.activation_bytes / base.activation_bytes
+            row["peak_ratio"] = r.peak_bytes / base.peak_bytes if base.peak_bytes else None
+        rows.append(row)
+    return rows

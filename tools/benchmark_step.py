@@ -1,0 +1,81 @@
+"""Step time and memory of SATFormer and ResFormer against the Transformer, same size and layout.
+
+    python tools/benchmark_step.py                                  # CPU-sized default
+    python tools/benchmark_step.py --scale 760M --seq-length 4096 --bf16 --rounds 20   # on a GPU
+
+Forward+backward of one micro-batch per arch, the archs interleaved round by round in one process
+(megatron_sat/profiling/step_benchmark.py); prints each arch's median step time, saved-activation
+memory (and peak GPU memory on a GPU) with ratios to the Transformer. Goal on a GPU: <= 1.02.
+"""
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+warnings.filterwarnings("ignore", module="megatron")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from megatron_sat import compat  # noqa: E402
+from megatron_sat.model.config import ARCHS  # noqa: E402
+from megatron_sat.model.sizes import PAPER_SCALES  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
+    p.add_argument("--scale", choices=list(PAPER_SCALES), help="a paper scale instead of the sizes below")
+    p.add_argument("--num-layers", type=int, default=8)
+    p.add_argument("--hidden-size", type=int, default=256)
+    p.add_argument("--num-attention-heads", type=int, default=4)
+    p.add_argument("--num-query-groups", type=int, default=None)
+    p.add_argument("--ffn-hidden-size", type=int, default=None)
+    p.add_argument("--seq-length", type=int, default=512)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--backend", choices=["local", "te"], default=None, help="default: te on a GPU with TE, else local")
+    p.add_argument("--json", help="also write the rows to this file")
+    args = p.parse_args()
+    if "transformer" not in args.archs:
+        p.error("--archs must include transformer (the baseline of the ratios)")
+
+    compat.ensure_cpu_compat()
+    from megatron_sat.parallel.layout import Layout, initialize
+    from megatron_sat.profiling import step_benchmark
+
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        torch.distributed.init_process_group(compat.dist_backend(), rank=0, world_size=1)
+    initialize(Layout())
+    sizes = dict(PAPER_SCALES[args.scale]) if args.scale else dict(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups or args.num_attention_heads,
+        ffn_hidden_size=args.ffn_hidden_size or 4 * args.hidden_size)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    print(f"device: {device}; sizes: {sizes}; seq {args.seq_length} x mbs {args.micro_batch_size}; "
+          f"{'bf16' if args.bf16 else 'fp32'}", flush=True)
+    results = step_benchmark.run(args.archs, sizes, seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
+                                 vocab_size=args.vocab_size, rounds=args.rounds, warmup=args.warmup, bf16=args.bf16,
+                                 backend=args.backend, log=lambda s: print(s, flush=True))
+    rows = step_benchmark.summarize(results)
+    print(f"\n{'arch':<12} {'params':>13} {'step ms (med)':>14} {'min':>8} {'max':>8} {'time x':>7} "
+          f"{'activ. MiB':>11} {'activ. x':>9} {'peak MiB':>9} {'peak x':>7}")
+    for r in rows:
+        peak = f"{r['peak_mib']:>9.0f} {r['peak_ratio']:>7.3f}" if r["peak_mib"] else f"{'n/a':>9} {'n/a':>7}"
+        print(f"{r['arch']:<12} {r['params']:>13,} {r['step_ms_median']:>14.1f} {r['step_ms_min']:>8.1f} "
+              f"{r['step_ms_max']:>8.1f} {r['time_ratio']:>7.3f} {r['activation_mib']:>11.1f} "
+              f"{r['activation_ratio']:>9.3f} {peak}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=device, sizes=sizes, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
