@@ -1,0 +1,53 @@
+# megatron-sat developer targets.  `make venv` builds .venv (fast on re-runs: a stamp file), `make test` runs the
+# test suite, `make demo` runs the demo recipe, `make clean` removes build outputs.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+PIP := $(VPY) -m pip
+STAMP := $(VENV)/.megatron-sat-stamp
+MCORE_VERSION ?= 0.19.2
+PYTEST_ARGS ?=
+TEST_TIMEOUT ?= 900
+
+# constraints.txt pins torch to the CPU build on local disk; PIP_CONSTRAINT (unlike -c) is also seen by pip's
+# build-isolation environments.  The machine-wide constraint file, if any, is kept as well.
+SYS_CONSTRAINT := $(wildcard /etc/xdg/pip/constraints.txt)
+export PIP_CONSTRAINT := $(strip $(CURDIR)/constraints.txt $(SYS_CONSTRAINT))
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_NO_INPUT := 1
+export DS_BUILD_OPS := 0
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
+
+REQS := requirements/base.txt requirements/hf.txt requirements/train.txt requirements/dev.txt
+
+.PHONY: venv test demo clean
+
+venv: $(STAMP)
+
+# 1. create (or reuse) the venv; 2. torch and the other requirements (torch pinned by PIP_CONSTRAINT);
+# 3. megatron-core without its metadata checks (its 0.19.x wheels say Requires-Python>=3.12; the cp311 wheel works
+#    on 3.11); 4. this package in editable mode with --no-deps, so pip never re-resolves megatron-core.
+$(STAMP): setup.py constraints.txt Makefile $(REQS)
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q $(foreach r,$(REQS),-r $(r))
+	$(PIP) install -q --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION)
+	$(PIP) install -q --no-deps --no-build-isolation -e . || $(PIP) install -q --no-deps -e .
+	$(VPY) -W ignore -c "import torch, megatron.core, megatron_sat; print('torch', torch.__version__, '| megatron-core', megatron.core.__version__)"
+	@touch $(STAMP)
+
+test: venv
+	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) tests $(PYTEST_ARGS)
+
+demo: venv
+	@if [ -f megatron_sat/train.py ]; then \
+		$(VPY) -m megatron_sat.train --recipe demo; \
+	else \
+		echo "megatron_sat/train.py not there yet: running the CPU smoke test instead"; \
+		$(VPY) -m megatron_sat.compat.smoke; \
+	fi
+
+clean:
+	rm -rf build dist *.egg-info .eggs .pytest_cache .torch_extensions
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf

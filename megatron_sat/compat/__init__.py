@@ -1,0 +1,14 @@
+"""Device compatibility for megatron-sat.
+
+All CPU (gloo, no GPU) workarounds for megatron-core live in :mod:`megatron_sat.compat.cpu`; see its docstring
+for the list of patches.  Typical use, before building any megatron object::
+
+    from megatron_sat import compat
+    compat.ensure_cpu_compat()          # no-op on a GPU machine
+    torch.distributed.init_process_group(backend=compat.dist_backend())
+    x = torch.zeros(4, device=compat.device())
+"""
+
+from megatron_sat.compat.cpu import device, dist_backend, ensure_cpu_compat, is_cpu_mode
+
+__all__ = ["ensure_cpu_compat", "device", "dist_backend", "is_cpu_mode"]
