@@ -8,6 +8,9 @@ alike. Memory per arch:
     residual could grow;
   * on a GPU also the peak allocated during the step (torch.cuda.max_memory_allocated).
 Written here because no library times several models against each other in one process.
+The full training step (optimizer, any layout, per-arch processes, MFU, reports) is measured by
+megatron_sat/profiling/throughput.py (tools/profile_throughput.py), which reuses SavedBytes, sync
+and alternating_order from here.
 """
 
 import statistics
@@ -31,8 +34,12 @@ class ArchResult:
     peak_bytes: int = 0
 
 
-class _SavedBytes:
-    """Counts the unique storages autograd saves while active."""
+class SavedBytes:
+    """Counts the unique storages autograd saves while active (also used by profiling.throughput).
+
+    Exact within one forward pass (nothing saved is freed before the backward); storages freed and
+    reused later would be missed, so count one forward at a time.
+    """
 
     def __init__(self):
         self.seen, self.bytes = set(), 0
@@ -54,9 +61,22 @@ class _SavedBytes:
         self._ctx.__exit__(*exc)
 
 
-def _sync():
+_SavedBytes = SavedBytes  # the old private name
+
+
+def sync():
+    """Wait for the device (a no-op on CPU), so that wall-clock times cover the work."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+_sync = sync
+
+
+def alternating_order(items, round_index: int) -> list:
+    """items in order on even rounds and reversed on odd ones (A B C, C B A, ...): drift and warm
+    caches fall on every item alike."""
+    return list(items) if round_index % 2 == 0 else list(reversed(items))
 
 
 def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_size: int, rounds: int,
@@ -79,7 +99,7 @@ def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_siz
         model = models[arch]
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        counter = _SavedBytes() if measure else None
+        counter = SavedBytes() if measure else None
         _sync()
         start = time.perf_counter()
         if counter:
@@ -101,11 +121,9 @@ def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_siz
         step(arch, measure=True)
         for _ in range(warmup):
             step(arch)
-    order = list(archs)
     for r in range(rounds):
-        for arch in order:
+        for arch in alternating_order(archs, r):
             results[arch].step_s.append(step(arch))
-        order.reverse()
         log(f"round {r + 1}/{rounds}: " + "  ".join(f"{a} {results[a].step_s[-1] * 1e3:.1f} ms" for a in archs))
     return results
 

@@ -1,0 +1,131 @@
+"""tools/profile_throughput.py end to end on CPU, and its argument checks.
+
+One launch of the tool (its default --mode per-arch: one 2-process torchrun per arch, PP=2) on the
+debug recipe shapes for every implemented arch, 1 warm-up + 2 measured steps, with the DeepSpeed
+flops profiler and a torch.profiler trace of measured step 2 (about 1-2 minutes on 2 cores):
+
+  * throughput.json / .csv / .png, the table on stdout, modules_<arch>.csv, trace_*.json, ops_*.txt;
+  * every figure present and positive, ratios 1 for the baseline, per-arch peak RSS;
+  * pipeline bytes per micro-batch = forward + backward message of [s, b, h + W] float32: W = 0 for the
+    Transformer, V1's width (KV heads x head dim) for the value-residual archs;
+  * DeepSpeed's forward FLOPs over both stages within 5% of the analytic count (megatron_sat/profiling/
+    flops.py), and SATFormer's extra (the gate's x @ W_alpha) within 5% of the analytic gate term.
+Timings are never asserted (shared 2-core machines). Bad arguments: exit 2 with a message naming the
+problem, before anything is imported from megatron.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "profile_throughput.py")
+ARCHS = ("transformer", "resformer", "satformer")
+H, KV_HEADS, HEADS, SEQ, MBS = 64, 2, 4, 32, 2  # the debug recipes' shape (recipes/__init__.py)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("profile"))
+    cmd = [sys.executable, TOOL, "--recipe", "debug_satformer", "--nproc", "2", "--pp", "2", "--warmup", "1",
+           "--steps", "2", "--repeats", "1", "--flops-profile", "--trace-steps", "2", "--out", out]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, \
+        f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    with open(os.path.join(out, "throughput.json")) as f:
+        return out, json.load(f), proc.stdout
+
+
+def test_writes_every_output(profiled):
+    out, result, stdout = profiled
+    for name in ("throughput.json", "throughput.csv", "throughput.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    with open(os.path.join(out, "throughput.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(os.path.join(out, "throughput.csv")) as f:
+        assert [r["arch"] for r in csv.DictReader(f)] == list(ARCHS)
+    for arch in ARCHS:
+        assert arch in stdout
+        assert os.path.getsize(os.path.join(out, f"modules_{arch}.csv")) > 0
+        assert os.path.getsize(os.path.join(out, f"trace_{arch}_step2_rank0.json")) > 0
+        assert os.path.getsize(os.path.join(out, f"ops_{arch}_step2_rank0.txt")) > 0
+    assert result["settings"]["layout"] == "TP1xPP2xDP1"
+
+
+def test_figures_and_ratios(profiled):
+    _, result, _ = profiled
+    rows = {r["arch"]: r for r in result["rows"]}
+    assert list(rows) == list(ARCHS)
+    for arch, r in rows.items():
+        assert r["steps"] == 2
+        assert 0 < r["step_s_min"] <= r["step_s_median"] <= r["step_s_max"]
+        assert r["step_cpu_s_median"] > 0
+        assert r["tokens_per_s_per_gpu"] > 0 and r["tflops_per_gpu"] > 0
+        assert r["mfu"] is None  # no peak FLOP/s on a CPU without --peak-tflops
+        assert r["max_rss_mib"] > r["rss_above_start_mib"] > 0  # per arch: one process per arch
+        assert r["saved_activation_mib"] > 0
+        assert r["final_loss"] > 0
+        for key in ("step_s_median", "step_cpu_s_median", "tokens_per_s_per_gpu", "rss_above_start_mib",
+                    "saved_activation_mib", "pipeline_bytes_per_microbatch", "params"):
+            assert r[f"{key}_ratio"] == pytest.approx(r[key] / rows["transformer"][key]), (arch, key)
+    assert rows["satformer"]["params"] - rows["transformer"]["params"] == 3 * KV_HEADS * H  # W_alpha, layers 2-4
+
+
+def test_pipeline_bytes(profiled):
+    _, result, _ = profiled
+    head_dim = H // HEADS
+    for r in result["rows"]:
+        width = H + (0 if r["arch"] == "transformer" else KV_HEADS * head_dim)
+        assert r["pipeline_message_shape"] == [SEQ, MBS, width]
+        assert r["pipeline_message_bytes"] == SEQ * MBS * width * 4
+        assert r["pipeline_bytes_per_microbatch"] == 2 * SEQ * MBS * width * 4  # one boundary, fwd + bwd
+
+
+def test_flops_formula_matches_deepspeed(profiled):
+    _, result, _ = profiled
+    rows = {r["arch"]: r for r in result["rows"]}
+    for arch, r in rows.items():
+        assert r["deepspeed_to_analytic"] == pytest.approx(1.0, abs=0.05), arch
+    # SATFormer's extra matmul: layers 2..4 each compute x @ W_alpha, 2 h N_kv FLOPs per token
+    ds = {arch: r["deepspeed_forward_flops_per_token"] for arch, r in rows.items()}
+    measured = ds["satformer"] - ds["transformer"]
+    assert measured == pytest.approx(3 * (2 * H * KV_HEADS + KV_HEADS), rel=0.05)
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("profile_throughput_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--archs", "transformer", "muddformer"], "not implemented"),
+    (["--archs", "transformer", "gpt5"], "unknown arch"),
+    (["--archs", "satformer", "resformer"], "--baseline transformer must be one of --archs"),
+    (["--archs", "transformer", "transformer"], "twice"),
+    (["--recipe", "no_such_recipe"], "unknown recipe"),
+    (["--scale", "7B"], "unknown --scale"),
+    (["--nproc", "3", "--tp", "2"], "not divisible by TP x PP"),
+    (["--pp", "3", "--nproc", "3"], "num_layers=4 is not divisible"),
+    (["--global-batch-size", "3"], "global batch 3 is not divisible"),
+    (["--steps", "2", "--trace-steps", "2-5"], "outside the measured steps"),
+    (["--trace-steps", "x"], "--trace-steps wants"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--trace-rank", "4"], "not a rank"),
+    (["--precision", "fp8"], "invalid choice"),
+])
+def test_bad_arguments(argv, message, capsys, monkeypatch):
+    for var in ("WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    tool = _tool()
+    with pytest.raises(SystemExit) as exc:
+        tool.main(argv + ["--out", "/nonexistent/never_written"])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
