@@ -105,8 +105,8 @@ def gate_function(name: str):
         return lambda x: x
     if name == "softmax":  # scaled so that a uniform gate is 1 per head, as the authors do
         return lambda x: torch.softmax(x, dim=-1) * x.shape[-1]
-    if name == "softmax_sigmoid":
-        return lambda x: torch.softmax(x, dim=-1) * torch.sigmoid(x)
+    if name == "softmax_sigmoid":  # the authors' definition, also scaled by N_kv
+        return lambda x: torch.softmax(x, dim=-1) * torch.sigmoid(x) * x.shape[-1]
     raise ValueError(f"unknown gate {name!r}")
 
 
