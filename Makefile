@@ -19,7 +19,7 @@ export PIP_NO_INPUT := 1
 export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-REQS := requirements/base.txt requirements/hf.txt requirements/train.txt requirements/dev.txt
+REQS := requirements/base.txt requirements/hf.txt requirements/train.txt requirements/eval.txt requirements/dev.txt
 
 .PHONY: venv test demo clean
 

@@ -1,0 +1,191 @@
+"""lm-eval on a Hugging Face export (tools/convert_to_hf.py), with a results table in Markdown and JSON.
+
+    python tools/evaluate.py --model hf/satformer --suite retrieval --output evals/satformer
+    python tools/evaluate.py --model hf/satformer --suite zeroshot --batch-size 8 --device cuda
+    python tools/evaluate.py --model hf/satformer --tasks my_task --include-path my_tasks/ --output evals/x
+
+Suites:
+  retrieval  the paper's: swde, fda, squad_completion, based_triviaqa, based_nq_2048, based_drop
+             (contains-match on a generated continuation; the closed-book triviaqa / nq_open / drop
+             tasks are not comparable). lm-eval 0.4.13 ships swde, fda and squad_completion; the
+             based_* tasks come from HazyResearch's based evaluation harness: give their YAMLs with
+             --include-path, or --skip-missing to run the rest.
+  zeroshot   lambada_openai, piqa, hellaswag, winogrande, arc_easy, arc_challenge (0-shot).
+
+Built-in tasks download their data sets (Hugging Face hub). Offline, give local task YAMLs with
+--include-path DIR: YAML files there that name `dataset_kwargs.data_files` with relative paths are
+resolved against the YAML's own folder (lm-eval itself would resolve them against the working
+directory), e.g. tests/data/eval/.
+
+Outputs (--output DIR): results.json (lm-eval's results, configs and versions, plus the table and
+suite averages) and results.md; the table is printed either way. Needs `pip install lm-eval[hf]==0.4.13`.
+"""
+
+import functools
+import glob
+import json
+import os
+from typing import Dict, List, Optional, Sequence
+
+RETRIEVAL = ["swde", "fda", "squad_completion", "based_triviaqa", "based_nq_2048", "based_drop"]
+ZERO_SHOT = ["lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge"]
+SUITES = {"retrieval": RETRIEVAL, "zeroshot": ZERO_SHOT}
+# the metric that stands for a task in a suite average (first one found)
+MAIN_METRICS = ("contains", "acc_norm", "acc", "exact_match", "em", "f1")
+
+
+class EvaluationError(RuntimeError):
+    pass
+
+
+def local_task_configs(include_paths: Sequence[str]) -> Dict[str, dict]:
+    """{task name: config} of the plain YAML files in include_paths, relative data_files made absolute.
+
+    YAMLs that plain YAML cannot read (lm-eval's !function tags) are left to lm-eval's own loader.
+    """
+    import yaml
+
+    configs = {}
+    for folder in include_paths:
+        for path in sorted(glob.glob(os.path.join(folder, "**", "*.yaml"), recursive=True)):
+            try:
+                with open(path) as f:
+                    cfg = yaml.safe_load(f)
+            except yaml.YAMLError:
+                continue
+            if not isinstance(cfg, dict) or "task" not in cfg or "include" in cfg:
+                continue
+            files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+            if files is not None:
+                base = os.path.dirname(os.path.abspath(path))
+                fix = lambda p: p if os.path.isabs(p) or "://" in p else os.path.join(base, p)  # noqa: E731
+                if isinstance(files, str):
+                    files = fix(files)
+                elif isinstance(files, list):
+                    files = [fix(p) for p in files]
+                else:
+                    files = {k: fix(v) if isinstance(v, str) else [fix(p) for p in v] for k, v in files.items()}
+                cfg["dataset_kwargs"] = dict(cfg["dataset_kwargs"], data_files=files)
+            configs[cfg["task"]] = cfg
+    return configs
+
+
+@functools.lru_cache(maxsize=4)
+def task_manager(include_paths: tuple):
+    """lm-eval's TaskManager (indexing every task YAML takes seconds: built once per include paths)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_paths) or None)
+
+
+def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missing: bool, log=print):
+    """(lm-eval task specs, TaskManager, skipped task names)."""
+    manager = task_manager(tuple(include_paths))
+    local = local_task_configs(include_paths)
+    known = set(manager.all_tasks) if hasattr(manager, "all_tasks") else set()
+    specs, missing = [], []
+    for name in tasks:
+        if name in local:
+            specs.append(local[name])
+        elif not known or name in known:
+            specs.append(name)
+        else:
+            missing.append(name)
+    if missing:
+        hint = ("the based_* retrieval tasks are not part of lm-eval 0.4.13: add their YAMLs (HazyResearch's based "
+                "evaluation harness) with --include-path") if any(m.startswith("based_") for m in missing) else \
+            "check the name (python -m lm_eval ls tasks) or add its YAML with --include-path"
+        if not skip_missing:
+            raise EvaluationError(f"unknown lm-eval task(s): {', '.join(missing)}; {hint}; or pass --skip-missing")
+        log(f"skipping unknown task(s) {', '.join(missing)} ({hint})")
+    return specs, manager, missing
+
+
+def evaluate(model_dir: str, tasks: Sequence[str], *, include_paths: Sequence[str] = (), batch_size=1,
+             device: str = "cpu", dtype: str = "auto", limit: Optional[float] = None, num_fewshot: Optional[int] = None,
+             max_length: Optional[int] = None, skip_missing: bool = False, seed: int = 1234, log=print) -> dict:
+    """Run lm-eval's HF backend on `model_dir`; returns {'results', 'table', 'averages', 'skipped', ...}."""
+    import lm_eval
+
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise EvaluationError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
+    specs, manager, skipped = resolve_tasks(tasks, include_paths, skip_missing, log)
+    if not specs:
+        raise EvaluationError("no task left to run")
+    model_args = dict(pretrained=os.path.abspath(model_dir), trust_remote_code=True, dtype=dtype)
+    if max_length:
+        model_args["max_length"] = max_length
+    out = lm_eval.simple_evaluate(
+        model="hf", model_args=model_args, tasks=specs, num_fewshot=num_fewshot, batch_size=batch_size,
+        device=device, limit=limit, task_manager=manager, log_samples=False, random_seed=seed,
+        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+    )
+    results = dict(out["results"]) if out else {}
+    table = results_table(results)
+    summary = dict(model=os.path.abspath(model_dir), tasks=list(tasks), skipped=skipped, table=table,
+                   averages=suite_averages(table, tasks), results=results,
+                   versions=_jsonable(out.get("versions", {})), n_samples=_jsonable(out.get("n-samples", {})),
+                   configs=_jsonable(out.get("configs", {})), config=_jsonable(out.get("config", {})))
+    return summary
+
+
+def results_table(results: dict) -> List[dict]:
+    """One row per (task, metric): {'task', 'metric', 'filter', 'value', 'stderr'}."""
+    rows = []
+    for task, metrics in results.items():
+        for key, value in metrics.items():
+            if "," not in key or "_stderr" in key or not isinstance(value, (int, float)):
+                continue
+            metric, filt = key.split(",", 1)
+            stderr = metrics.get(f"{metric}_stderr,{filt}")
+            rows.append(dict(task=task, metric=metric, filter=filt, value=float(value),
+                             stderr=float(stderr) if isinstance(stderr, (int, float)) else None))
+    return rows
+
+
+def suite_averages(table: List[dict], tasks: Sequence[str]) -> Dict[str, dict]:
+    """Mean of each task's main metric over the tasks of each suite that ran (and over all tasks)."""
+    main = {}
+    for task in dict.fromkeys(r["task"] for r in table):
+        rows = {r["metric"]: r["value"] for r in table if r["task"] == task}
+        metric = next((m for m in MAIN_METRICS if m in rows), next(iter(rows), None))
+        if metric is not None:
+            main[task] = (metric, rows[metric])
+    groups = dict(SUITES, all=list(tasks))
+    out = {}
+    for name, members in groups.items():
+        ran = [t for t in members if t in main]
+        if ran:
+            out[name] = dict(mean=sum(main[t][1] for t in ran) / len(ran), tasks={t: main[t] for t in ran},
+                             complete=len(ran) == len(members))
+    return out
+
+
+def to_markdown(summary: dict) -> str:
+    lines = [f"# lm-eval results: {summary['model']}", "", "| task | metric | filter | value | stderr |",
+             "|---|---|---|---:|---:|"]
+    for r in summary["table"]:
+        stderr = "" if r["stderr"] is None else f"{r['stderr']:.4f}"
+        lines.append(f"| {r['task']} | {r['metric']} | {r['filter']} | {r['value']:.4f} | {stderr} |")
+    if summary["averages"]:
+        lines += ["", "| average | tasks | mean | complete |", "|---|---|---:|---|"]
+        for name, avg in summary["averages"].items():
+            lines.append(f"| {name} | {len(avg['tasks'])} | {avg['mean']:.4f} | {'yes' if avg['complete'] else 'no'} |")
+    if summary["skipped"]:
+        lines += ["", f"Skipped (unknown to lm-eval): {', '.join(summary['skipped'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(summary: dict, output: str) -> None:
+    """results.json and results.md in `output`, each written aside and renamed."""
+    os.makedirs(output, exist_ok=True)
+    for name, text in (("results.json", json.dumps(summary, indent=1, default=str)),
+                       ("results.md", to_markdown(summary))):
+        tmp = os.path.join(output, name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(output, name))
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=str))

@@ -1,0 +1,118 @@
+"""Megatron dist checkpoint (any TP/PP/VPP layout) -> Hugging Face folder, on CPU in one process.
+
+    python tools/convert_to_hf.py --load runs/satformer --output hf/satformer            # latest iteration
+    python tools/convert_to_hf.py --load runs/satformer/iter_0001000 --output hf/sat-1k --dtype bfloat16 --verify
+
+Steps: find the checkpoint (a run folder -> its latest complete iteration), read the configuration
+the trainer recorded in it, build the model at TP1/PP1 (dist-checkpointing reshards whatever layout
+it was saved at), rename and split the weights (mapping.py), and write the folder aside before
+moving it into place. SATFormer / ResFormer folders carry their modeling code (trust_remote_code);
+the Transformer baseline is transformers' own Qwen3.
+"""
+
+import json
+import os
+from typing import Optional
+
+import torch
+
+from megatron_sat.conversion import hf_io, megatron_io
+from megatron_sat.conversion.mapping import ConversionError, ModelSpec, hf_config, megatron_to_hf
+
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_gate_matches_authors(spec: ModelSpec) -> None:
+    """Refuse a SATFormer gate whose Megatron definition differs from the authors' (and so from the export's)."""
+    if spec.arch != "satformer":
+        return
+    from megatron_sat.model.config import gate_function
+
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    n = x.shape[-1]
+    authors = {"relu": torch.relu(x), "sigmoid": torch.sigmoid(x), "tanh": torch.tanh(x), "identity": x,
+               "softmax": torch.softmax(x, -1) * n, "softmax_sigmoid": torch.softmax(x, -1) * torch.sigmoid(x) * n}
+    ours = gate_function(spec.value_residual_gate)(x)
+    if not torch.allclose(ours, authors[spec.value_residual_gate], rtol=1e-12, atol=0):
+        raise ConversionError(
+            f"value_residual_gate {spec.value_residual_gate!r}: megatron_sat's definition differs from the SATFormer "
+            "authors' (theirs scales softmax_sigmoid by num_kv_heads), so an export would compute a different model")
+
+
+def load_tokenizer(source: Optional[str], max_length: int):
+    """The HF tokenizer object of a recorded tokenizer path, ready to save (or None)."""
+    if source is None:
+        return None
+    from megatron_sat.data import load_tokenizer as load
+
+    tok = load(source).hf
+    tok.model_max_length = max_length
+    return tok
+
+
+def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bool = False,
+                      tokenizer: Optional[str] = None, max_shard_bytes: int = hf_io.DEFAULT_SHARD_BYTES,
+                      verify: bool = False, log=print) -> dict:
+    """Convert; returns a summary dict (arch, iteration, source, output, parameters, max_rel_diff if verify)."""
+    if dtype not in DTYPES:
+        raise ConversionError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    megatron_io.init_single_process()
+    iter_dir, run_dir = megatron_io.find_checkpoint(load)
+    args, run_config = megatron_io.recorded_config(iter_dir, run_dir)
+    metadata = megatron_io.tensor_metadata(iter_dir)
+    spec = megatron_io.spec_from_args(args, metadata)
+    check_gate_matches_authors(spec)
+    ckpt_dtype = metadata[megatron_io.EMBEDDING_KEY].dtype
+    out_dtype = DTYPES[dtype] or ckpt_dtype
+    log(f"loading {spec.arch} from {iter_dir} ({ckpt_dtype}, vocabulary {spec.vocab_size})")
+    _, chunks = megatron_io.make_model(spec, ckpt_dtype)
+    model = chunks[0]
+    megatron_io.load_weights(model, iter_dir, metadata)
+    weights = {k: v.to(out_dtype) for k, v in megatron_to_hf(megatron_io.full_state(model), spec).items()}
+    tok = load_tokenizer(tokenizer or megatron_io.tokenizer_source(args, run_config), spec.max_position_embeddings)
+    ids = {}
+    if tok is not None:
+        ids = dict(bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
+    config = hf_config(spec, out_dtype, **ids)
+    info = dict(arch=spec.arch, iteration=int(os.path.basename(iter_dir).split("_")[-1]) if "iter_" in iter_dir else None,
+                source=iter_dir, saved_layout=_saved_layout(iter_dir), spec=spec.to_dict(),
+                tokenizer=getattr(tok, "name_or_path", None), dtype=str(out_dtype).replace("torch.", ""),
+                parameters=sum(t.numel() for t in weights.values()))
+    path = hf_io.write_hf_folder(output, spec, config, weights, tokenizer=tok, overwrite=overwrite,
+                                 max_shard_bytes=max_shard_bytes,
+                                 extra_files={"megatron_sat_conversion.json": json.dumps(info, indent=1, default=str)})
+    info["output"] = path
+    log(f"wrote {path}: {spec.arch} as {config['architectures'][0]}, {info['parameters']:,} parameters, "
+        f"{info['dtype']}{'' if tok is not None else ', no tokenizer recorded'}")
+    if verify:
+        if out_dtype != ckpt_dtype:  # the export's weights are rounded: compare against those
+            megatron_io.set_full_state(model, {k: v.to(out_dtype).to(ckpt_dtype)
+                                               for k, v in megatron_io.full_state(model).items()})
+        info["max_rel_diff"] = verify_export(model, path, spec)
+        log(f"verify: relative max logit difference Megatron vs export = {info['max_rel_diff']:.2e}")
+    return info
+
+
+def _saved_layout(iter_dir: str) -> Optional[dict]:
+    from megatron.core import dist_checkpointing
+
+    return dist_checkpointing.load_common_state_dict(iter_dir).get("layout")
+
+
+def verify_export(model, hf_dir: str, spec: ModelSpec, seq: int = 16, batch: int = 2) -> float:
+    """Relative max difference of the logits of the Megatron model and the export, in float32."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True, dtype=torch.float32).eval()
+    if next(model.parameters()).dtype != torch.float32:  # compare in float32, on the same (rounded) weights
+        weights = {k: v.float() for k, v in megatron_io.full_state(model).items()}
+        _, chunks = megatron_io.make_model(spec, torch.float32)
+        model = chunks[0]
+        megatron_io.set_full_state(model, weights)
+    model.eval()
+    seq = min(seq, spec.max_position_embeddings)
+    tokens = torch.randint(0, spec.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(tokens, torch.arange(seq)[None].expand(batch, seq), None).float()
+        theirs = hf(tokens).logits.float()
+    return ((ours - theirs).abs().max() / ours.abs().max()).item()

@@ -1,0 +1,1 @@
+"""Modeling code copied into SATFormer / ResFormer exports (configuration_<arch>.py, modeling_<arch>.py)."""

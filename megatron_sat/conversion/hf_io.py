@@ -1,0 +1,134 @@
+"""Reading and writing Hugging Face model folders (no megatron import).
+
+write_hf_folder writes everything into a sibling folder `OUTPUT.partial-<pid>` and renames it to
+OUTPUT only when complete, so a crash never leaves a half-written export under OUTPUT. An existing
+OUTPUT is replaced only with overwrite=True (moved aside first, deleted after the rename).
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from megatron_sat.conversion.mapping import HF_CLASSES, ConversionError, ModelSpec
+
+HF_CODE = Path(__file__).parent / "hf_code"
+INDEX = "model.safetensors.index.json"
+DEFAULT_SHARD_BYTES = 5 * 1024**3
+
+
+def read_hf_config(hf_dir: str) -> dict:
+    path = Path(hf_dir) / "config.json"
+    if not Path(hf_dir).is_dir():
+        raise ConversionError(f"{hf_dir} is not a folder")
+    if not path.is_file():
+        raise ConversionError(f"{hf_dir} has no config.json: not a Hugging Face model folder")
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_hf_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
+    """All tensors of model.safetensors or of the shards named by model.safetensors.index.json."""
+    from safetensors import safe_open
+
+    root = Path(hf_dir)
+    if (root / INDEX).is_file():
+        with open(root / INDEX) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+        missing = [name for name in files if not (root / name).is_file()]
+        if missing:
+            raise ConversionError(f"{hf_dir}: shard(s) {', '.join(missing)} named in {INDEX} are missing")
+    elif (root / "model.safetensors").is_file():
+        files, weight_map = ["model.safetensors"], None
+    else:
+        bins = [p.name for p in root.glob("pytorch_model*.bin")]
+        hint = " (only PyTorch .bin files: re-save with safe_serialization=True)" if bins else ""
+        raise ConversionError(f"{hf_dir} has no model.safetensors or {INDEX}{hint}")
+    state = {}
+    for name in files:
+        with safe_open(str(root / name), framework="pt") as f:
+            for key in f.keys():
+                state[key] = f.get_tensor(key)
+    if weight_map is not None:
+        absent = sorted(k for k in weight_map if k not in state)
+        if absent:
+            raise ConversionError(f"{hf_dir}: tensors {', '.join(absent[:5])} are in {INDEX} but in no shard")
+    return state
+
+
+def save_safetensors(state: Dict[str, torch.Tensor], folder: Path, max_shard_bytes: int) -> None:
+    """model.safetensors, or model-0000i-of-0000n.safetensors + index when larger than max_shard_bytes."""
+    from safetensors.torch import save_file
+
+    shards, current, size = [], {}, 0
+    for key in sorted(state):
+        nbytes = state[key].numel() * state[key].element_size()
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[key] = state[key]
+        size += nbytes
+    shards.append(current)
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    with open(folder / INDEX, "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+
+
+def write_remote_code(spec: ModelSpec, folder: Path) -> None:
+    """configuration_<arch>.py and modeling_<arch>.py (SATFormer / ResFormer only)."""
+    if spec.arch not in HF_CLASSES:
+        return
+    config_src = (HF_CODE / "configuration_valueresidual.py").read_text()
+    model_src = (HF_CODE / "modeling_valueresidual.py").read_text()
+    model_src = model_src.replace("from .configuration_valueresidual import", f"from .configuration_{spec.arch} import")
+    (folder / f"configuration_{spec.arch}.py").write_text(config_src)
+    (folder / f"modeling_{spec.arch}.py").write_text(model_src)
+
+
+def write_hf_folder(output: str, spec: ModelSpec, config: dict, weights: Dict[str, torch.Tensor],
+                    tokenizer=None, extra_files: Optional[Dict[str, str]] = None, overwrite: bool = False,
+                    max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> str:
+    """Write an HF folder atomically; returns its absolute path."""
+    out = Path(output).resolve()
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise ConversionError(f"{out} already exists and is not empty (pass --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f"{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with open(tmp / "config.json", "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        write_remote_code(spec, tmp)
+        save_safetensors(weights, tmp, max_shard_bytes)
+        from transformers import GenerationConfig
+
+        GenerationConfig(bos_token_id=config.get("bos_token_id"), eos_token_id=config.get("eos_token_id"),
+                         pad_token_id=config.get("pad_token_id")).save_pretrained(str(tmp))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        old = None
+        if out.exists():
+            old = out.parent / f"{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(out)

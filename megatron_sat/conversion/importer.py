@@ -1,0 +1,156 @@
+"""Hugging Face folder -> a checkpoint the trainer resumes from (`--load`), for any TP/PP layout.
+
+    python tools/convert_from_hf.py --hf hf/satformer --save runs/sat-import \\
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000
+    torchrun --nproc-per-node 4 -m megatron_sat.train --load runs/sat-import --save runs/sat-continued \\
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000 \\
+        --data-path DATA --tokenizer-model runs/sat-import/tokenizer
+
+Every flag after --hf/--save is a trainer flag (megatron_sat/training/arguments.py); the model's
+shape (arch, sizes, gate, last-k, lambdas, rotary base) comes from the HF config and must not be
+given. What is written (megatron_sat.training.checkpointing's format):
+
+  SAVE/iter_0000000/                      model weights, a fresh optimizer, the LR schedule the
+                                          given flags make, and the arguments (common 'args')
+  SAVE/latest_checkpointed_iteration.txt  -> 0
+  SAVE/config.json                        the recorded arguments, for reading
+  SAVE/tokenizer/                         the HF folder's tokenizer, when it has one
+
+The trainer's load_checkpoint always restores optimizer and scheduler state, so the checkpoint has
+both: Adam moments are zero and the step counter is stored as 1e-30 (megatron-core does not save a
+step of 0, and float32 1e-30 + 1 == 1, so the first step is exactly a fresh Adam step). The LR
+schedule recorded is the one the flags given here define: resume with the same schedule flags.
+The weights are written once, at TP1/PP1, from one process; dist-checkpointing reshards them to the
+layout the trainer runs at, and the layout flags given here are validated against the model and
+recorded. With --bf16 the weights are rounded to bfloat16 and the fp32 master copy starts from them.
+"""
+
+import json
+import os
+import shutil
+from typing import List, Optional
+
+import torch
+
+from megatron_sat.conversion import hf_io, megatron_io
+from megatron_sat.conversion.mapping import ConversionError, hf_to_megatron, spec_from_hf_config
+
+SHAPE_FLAGS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+               "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base")
+ADAM_STEP = 1e-30
+TRACKER = "latest_checkpointed_iteration.txt"  # = training.checkpointing.TRACKER (that module imports megatron)
+
+
+def trainer_args(spec, trainer_argv: List[str]):
+    """The trainer's argument namespace: its defaults, the given flags, and the model's shape."""
+    from megatron_sat.training.arguments import build_parser
+
+    parser = build_parser()
+    given = {a.dest for a in parser._actions for opt in a.option_strings
+             if any(x == opt or x.startswith(opt + "=") for x in trainer_argv)}
+    clash = sorted(given & set(SHAPE_FLAGS))
+    if clash:
+        raise ConversionError("the model's shape comes from the HF config; do not pass "
+                              + ", ".join("--" + c.replace("_", "-") for c in clash))
+    args = parser.parse_args(trainer_argv)
+    if spec.kv_channels * spec.num_attention_heads != spec.hidden_size:
+        raise ConversionError(f"head_dim {spec.kv_channels} != hidden_size / heads: the trainer cannot build it")
+    if abs(spec.norm_eps - 1e-6) > 1e-12:
+        raise ConversionError(f"RMSNorm eps {spec.norm_eps}: the trainer's models use 1e-6")
+    if not spec.tied:
+        raise ConversionError("untied input and output embeddings: the trainer's models tie them")
+    if float(spec.rotary_base) != int(spec.rotary_base):
+        raise ConversionError(f"rope theta {spec.rotary_base} is not an integer (--rotary-base is)")
+    args.arch, args.num_layers, args.hidden_size = spec.arch, spec.num_layers, spec.hidden_size
+    args.num_attention_heads, args.num_query_groups = spec.num_attention_heads, spec.num_query_groups
+    args.ffn_hidden_size, args.rotary_base = spec.ffn_hidden_size, int(spec.rotary_base)
+    args.value_residual_gate, args.value_residual_last_k = spec.value_residual_gate, spec.value_residual_last_k
+    args.resformer_lambdas = spec.resformer_lambdas
+    if "seq_length" not in given:
+        args.seq_length = spec.max_position_embeddings
+    return args
+
+
+def resolve_resformer_lambdas(spec, state: dict) -> None:
+    """An export of a 'fixed' ResFormer says so; keep it fixed only if its lambdas still are 0.5."""
+    if spec.arch != "resformer" or spec.resformer_lambdas != "fixed":
+        return
+    lam1 = state["model.lambda_manager.lambda_scale"] * torch.softmax(state["model.lambda_manager.lambda_logits"], 0)
+    lam2 = [v for k, v in state.items() if k.endswith("value_residual_mixing.lambda2")]
+    idx = [n - 2 for n in spec.mixing_layers]
+    if not (torch.allclose(lam1[idx], torch.full((len(idx),), 0.5), atol=1e-6)
+            and all(float(v) == 0.5 for v in lam2)):
+        spec.resformer_lambdas = "learned"
+
+
+def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, overwrite: bool = False,
+              log=print) -> dict:
+    """Convert; returns a summary (arch, checkpoint folder, layout checked, parameters)."""
+    cfg = hf_io.read_hf_config(hf_dir)
+    spec = spec_from_hf_config(cfg)
+    state = hf_io.read_hf_weights(hf_dir)
+    resolve_resformer_lambdas(spec, state)
+    weights = hf_to_megatron(state, spec)  # checks names and shapes first
+    args = trainer_args(spec, list(trainer_argv or []))
+    save = os.path.abspath(save)
+    if os.path.exists(os.path.join(save, TRACKER)) and not overwrite:
+        raise ConversionError(f"{save} already holds a checkpoint (pass --overwrite to replace it)")
+
+    megatron_io.init_single_process()
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.transformer.module import Float16Module
+
+    from megatron_sat.parallel.layout import Layout, validate
+    from megatron_sat.training import checkpointing as ckpt
+    from megatron_sat.training.step import build_optimizer, wrap_ddp
+
+    gpu = torch.cuda.is_available()
+    bf16 = gpu if args.bf16 is None else args.bf16
+    dist_opt = gpu if args.use_distributed_optimizer is None else args.use_distributed_optimizer
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    target = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+                    vpp=args.num_virtual_stages_per_pipeline_rank, sp=args.sequence_parallel)
+    config, chunks = megatron_io.make_model(spec, dtype)
+    validate(target, config, target.tp * target.pp, seq_length=args.seq_length)
+    megatron_io.set_full_state(chunks[0], {k: v.to(dtype) for k, v in weights.items()})
+    if bf16:
+        chunks = [Float16Module(config, c) for c in chunks]
+    chunks = wrap_ddp(chunks, config, use_distributed_optimizer=dist_opt)
+    optimizer = build_optimizer(chunks, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+                                clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
+                                eps=args.adam_eps, bf16=bf16, use_distributed_optimizer=dist_opt)
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        opt.init_state_fn(opt.optimizer, opt.config)
+        for group in opt.optimizer.param_groups:
+            for p in group["params"]:
+                opt.optimizer.state[p]["step"] = torch.tensor(ADAM_STEP)
+    scheduler = OptimizerParamScheduler(  # as megatron_sat.training.trainer builds it
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters or args.train_iters,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters, wd_incr_style="constant")
+
+    os.makedirs(save, exist_ok=True)
+    if overwrite:
+        for name in os.listdir(save):
+            if name.startswith("iter_"):
+                shutil.rmtree(os.path.join(save, name))
+    tok_src = os.path.join(hf_dir, "tokenizer_config.json")
+    if os.path.isfile(tok_src) or os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):
+        from transformers import AutoTokenizer
+
+        tok_dir = os.path.join(save, "tokenizer")
+        AutoTokenizer.from_pretrained(hf_dir).save_pretrained(tok_dir)
+        if not args.tokenizer_model:
+            args.tokenizer_model = tok_dir
+    recorded = {k: v for k, v in vars(args).items()}
+    path = ckpt.save_checkpoint(save, 0, chunks, optimizer, scheduler, consumed_samples=0, args=recorded)
+    with open(os.path.join(save, "config.json.tmp"), "w") as f:
+        json.dump(dict(recorded, vocab_size=spec.vocab_size, imported_from=os.path.abspath(hf_dir)), f, indent=1,
+                  sort_keys=True, default=str)
+    os.replace(os.path.join(save, "config.json.tmp"), os.path.join(save, "config.json"))
+    info = dict(arch=spec.arch, checkpoint=path, layout=target.describe(target.tp * target.pp),
+                parameters=sum(t.numel() for t in weights.values()), dtype=str(dtype).replace("torch.", ""))
+    log(f"wrote {path}: {spec.arch}, {info['parameters']:,} parameters, {info['dtype']}; checked for layout "
+        f"{info['layout']}; resume with --load {save}")
+    return info

@@ -1,0 +1,197 @@
+"""The Megatron side of conversion: find a checkpoint, read its recorded configuration, build the
+model at TP1/PP1 in one CPU process and move full tensors in and out of it.
+
+Checkpoints are the trainer's (megatron_sat/training/checkpointing.py):
+    RUN/iter_XXXXXXX/                      a dist checkpoint; its common state holds 'args' (the
+                                           trainer's arguments) next to iteration, layout, ...
+    RUN/latest_checkpointed_iteration.txt  the newest complete one
+    RUN/config.json                        the run's resolved configuration (vocab_size, tokenizer, ...)
+A checkpoint saved at any TP/PP/VPP loads here: dist-checkpointing reshards to TP1/PP1.
+"""
+
+import json
+import os
+import socket
+from typing import Optional, Tuple
+
+import torch
+
+from megatron_sat.conversion.mapping import ARCHS, ConversionError, ModelSpec
+
+EMBEDDING_KEY = "embedding.word_embeddings.weight"
+# Transformer Engine keeps some norms inside the next linear; the local spec maps its names to
+# those, except SATFormer's TE layer, which keeps input_layernorm separate. Try either name.
+KEY_ALIASES = (("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"),
+               ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"))
+
+
+def init_single_process() -> None:
+    """megatron's CPU compatibility and a one-rank process group (unless one exists already)."""
+    from megatron_sat import compat
+
+    compat.ensure_cpu_compat()
+    if torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() != 1:
+            raise ConversionError("conversion runs in one process; do not launch it with torchrun / srun")
+        return
+    if "MASTER_PORT" not in os.environ or "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
+    torch.distributed.init_process_group(backend=compat.dist_backend(), rank=0, world_size=1)
+
+
+def find_checkpoint(path: str) -> Tuple[str, Optional[str]]:
+    """(iteration folder, run folder or None) for a run folder or an iter_XXXXXXX folder."""
+    from megatron.core import dist_checkpointing
+
+    from megatron_sat.training.checkpointing import TRACKER, checkpoint_dir, read_tracker
+
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise ConversionError(f"checkpoint {path} does not exist")
+    if os.path.isfile(os.path.join(path, "metadata.json")):
+        if not dist_checkpointing.check_is_distributed_checkpoint(path):
+            raise ConversionError(f"{path} is not a complete Megatron distributed checkpoint")
+        parent = os.path.dirname(path)
+        run = parent if os.path.isfile(os.path.join(parent, TRACKER)) or \
+            os.path.isfile(os.path.join(parent, "config.json")) else None
+        return path, run
+    iteration = read_tracker(path)
+    if iteration is None:
+        iters = sorted(d for d in os.listdir(path) if d.startswith("iter_"))
+        hint = f" (it has {', '.join(iters[-3:])}: pass one of them)" if iters else ""
+        raise ConversionError(f"{path} has no {TRACKER} and is not a checkpoint folder{hint}")
+    directory = checkpoint_dir(path, iteration)
+    if not dist_checkpointing.check_is_distributed_checkpoint(directory):
+        raise ConversionError(f"{directory}, named by {TRACKER}, is missing or incomplete")
+    return directory, path
+
+
+def recorded_config(iter_dir: str, run_dir: Optional[str]) -> Tuple[dict, dict]:
+    """(trainer args, run config.json or {}) recorded with the checkpoint."""
+    from megatron.core import dist_checkpointing
+
+    common = dist_checkpointing.load_common_state_dict(iter_dir)
+    args = dict(common.get("args") or {})
+    run_config = {}
+    if run_dir and os.path.isfile(os.path.join(run_dir, "config.json")):
+        with open(os.path.join(run_dir, "config.json")) as f:
+            run_config = json.load(f)
+    if not args.get("arch"):
+        args = dict(run_config)
+    if not args.get("arch"):
+        raise ConversionError(f"{iter_dir} records no model configuration (no 'args' in the checkpoint and no "
+                              "config.json next to it): it was not written by megatron_sat's trainer")
+    return args, run_config
+
+
+def tensor_metadata(iter_dir: str) -> dict:
+    from megatron.core import dist_checkpointing
+
+    return dist_checkpointing.load_tensors_metadata(iter_dir)
+
+
+def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
+    """ModelSpec from the trainer's arguments; vocabulary and tying from the stored tensors."""
+    if args["arch"] not in ARCHS:
+        raise ConversionError(f"the checkpoint's arch {args['arch']!r} cannot be converted; "
+                              f"supported: {', '.join(ARCHS)}")
+    if EMBEDDING_KEY not in metadata:
+        raise ConversionError(f"the checkpoint has no {EMBEDDING_KEY}")
+    vocab, hidden = metadata[EMBEDDING_KEY].global_shape
+    h, heads = args["hidden_size"], args["num_attention_heads"]
+    if hidden != h:
+        raise ConversionError(f"the checkpoint's embedding is {hidden} wide but its args say hidden_size={h}")
+    return ModelSpec(
+        arch=args["arch"], num_layers=args["num_layers"], hidden_size=h, num_attention_heads=heads,
+        num_query_groups=args.get("num_query_groups") or heads, ffn_hidden_size=args.get("ffn_hidden_size") or 4 * h,
+        kv_channels=args.get("kv_channels") or h // heads, vocab_size=vocab,
+        max_position_embeddings=args.get("seq_length") or 4096, rotary_base=args.get("rotary_base") or 10000,
+        value_residual_gate=args.get("value_residual_gate") or "relu",
+        value_residual_last_k=args.get("value_residual_last_k"),
+        resformer_lambdas=args.get("resformer_lambdas") or "learned",
+        tied="output_layer.weight" not in metadata,
+    )
+
+
+def make_model(spec: ModelSpec, dtype: torch.dtype, **config_overrides):
+    """(config, [model]) at TP1/PP1 on this one process; parallel state is (re)initialised."""
+    from megatron_sat.model.config import make_config
+    from megatron_sat.model.gpt import build_model
+    from megatron_sat.parallel.layout import Layout, initialize
+
+    initialize(Layout())
+    config = make_config(
+        spec.arch, num_layers=spec.num_layers, hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,
+        ffn_hidden_size=spec.ffn_hidden_size, kv_channels=spec.kv_channels, layernorm_epsilon=spec.norm_eps,
+        value_residual_gate=spec.value_residual_gate, value_residual_last_k=spec.value_residual_last_k,
+        resformer_lambdas=spec.resformer_lambdas, params_dtype=dtype, bf16=dtype == torch.bfloat16,
+        **config_overrides)
+    chunks = build_model(config, vocab_size=spec.vocab_size, max_sequence_length=spec.max_position_embeddings,
+                         backend="local", rotary_base=spec.rotary_base,
+                         share_embeddings_and_output_weights=spec.tied)
+    return config, chunks
+
+
+def load_weights(model, iter_dir: str, metadata: dict) -> None:
+    """Model weights from the dist checkpoint into `model` (TP1/PP1), resharding from any layout."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    sharded = model.sharded_state_dict()
+    for value in sharded.values():
+        if isinstance(value, ShardedTensor) and value.key not in metadata:
+            for a, b in KEY_ALIASES:
+                for old, new in ((a, b), (b, a)):
+                    if value.key.endswith(old) and value.key[: -len(old)] + new in metadata:
+                        value.key = value.key[: -len(old)] + new
+    keys = {v.key for v in sharded.values() if isinstance(v, (ShardedTensor, ShardedTensorFactory))}
+    missing = sorted(keys - set(metadata))
+    if missing:
+        raise ConversionError("the checkpoint lacks tensors this model needs (wrong arch or sizes in its "
+                              f"recorded configuration?): {', '.join(missing[:6])}")
+    unused = sorted(k for k in set(metadata) - keys if not k.startswith(("optimizer.", "rng_state", "common_state"))
+                    and "_extra_state" not in k)
+    if unused:
+        raise ConversionError("the checkpoint holds model tensors that its recorded configuration does not use "
+                              f"(wrong arch or sizes recorded?): {', '.join(unused[:6])}")
+    for s in sharded.values():
+        if isinstance(s, ShardedTensor) and tuple(metadata[s.key].global_shape) != tuple(s.global_shape):
+            raise ConversionError(f"shape mismatch for {s.key}: checkpoint {tuple(metadata[s.key].global_shape)}, "
+                                  f"model {tuple(s.global_shape)} (sizes recorded wrongly?)")
+    loaded = dist_checkpointing.load(sharded, iter_dir)  # also returns the common state: keep the model's
+    model.load_state_dict({k: v for k, v in loaded.items() if k in sharded})
+
+
+def full_state(model) -> dict:
+    """{name: tensor} of a TP1/PP1 model (tied output layer left out)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p is not None}
+
+
+def set_full_state(model, state: dict) -> None:
+    params = dict(model.named_parameters())
+    extra = sorted(set(state) - set(params))
+    missing = sorted(set(params) - set(state))
+    if extra or missing:
+        raise ConversionError(f"weights do not fit the model: missing {missing[:6]}, unexpected {extra[:6]}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if tuple(params[name].shape) != tuple(tensor.shape):
+                raise ConversionError(f"{name}: {tuple(tensor.shape)} does not fit {tuple(params[name].shape)}")
+            params[name].copy_(tensor)
+
+
+def tokenizer_source(args: dict, run_config: dict) -> Optional[str]:
+    """The tokenizer the run recorded (a local folder or file), or None (mock data, or not found)."""
+    candidates = [args.get("tokenizer_model")]
+    if args.get("embedded_data"):
+        candidates.append(os.path.join(args["embedded_data"], "tokenizer"))
+    candidates.append(run_config.get("tokenizer"))
+    for c in candidates:
+        if c and os.path.exists(os.path.expanduser(str(c))):
+            return os.path.expanduser(str(c))
+    return None

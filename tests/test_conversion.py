@@ -1,0 +1,252 @@
+"""Checkpoint conversion Megatron <-> Hugging Face (megatron_sat/conversion, tools/convert_*_hf.py).
+
+    pytest -q tests/test_conversion.py          # about 3-4 minutes on 2 cores
+
+Three launches build everything once (tests/workers/conversion.py): 1 rank saves trainer checkpoints
+A of tiny models (4 layers, hidden 64, 4 heads / 2 KV groups, vocab 128, seq 32) with random weights
+and records the Megatron logits, exports A -> HF_A, imports HF_A -> C and exports C -> HF_C; one
+4-process TP2 x PP2 launch reloads A with the trainer's loader and saves it as B (and a satformer
+at PP2 x VPP2), and checks that the imported C loads there too; 1 rank exports B -> HF_B. The tests then load the folders with
+real transformers (no mocks): logits match the Megatron model (fp32, relative max 1e-4), HF -> Megatron
+-> HF is the identity, cached generation equals uncached, and bad inputs are refused cleanly.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dist_utils import run_distributed
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "workers", "conversion.py")
+sys.path.insert(0, os.path.join(HERE, "workers"))
+from conversion import RESHARDED, SEQ, VARIANTS, tokens  # noqa: E402
+
+FOLDERS = ([(v, "HF_A") for v in VARIANTS] + [(v, "HF_C") for v in VARIANTS] + [(v, "HF_B") for v in RESHARDED]
+           + [("satformer", "HF_B_vpp")])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("conversion"))
+    reference = run_distributed(f"{WORKER}:make_originals", 1, root, timeout=900)[0]
+    reshard = run_distributed(f"{WORKER}:reshard", 4, root, timeout=900)
+    refusals = run_distributed(f"{WORKER}:export_resharded", 1, root, timeout=900)[0]
+    return dict(root=root, reference=reference, reshard=reshard, refusals=refusals)
+
+
+_models = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one thread is as fast, and far faster on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    if path not in _models:
+        _models[path] = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
+    return _models[path]
+
+
+@pytest.mark.parametrize("variant,folder", FOLDERS, ids=[f"{v}-{f}" for v, f in FOLDERS])
+def test_logits_match_megatron(built, variant, folder):
+    """A: saved at 1 rank; B: saved at TP2 x PP2 (B_vpp: PP2 x VPP2); C: imported from HF_A and exported again."""
+    model = hf_model(os.path.join(built["root"], variant, folder))
+    with torch.no_grad():
+        got = model(tokens()).logits
+    want = built["reference"][variant]
+    rel = ((got - want).abs().max() / want.abs().max()).item()
+    assert rel <= 1e-4, f"{variant} {folder}: relative max logit difference {rel:.2e}"
+
+
+def test_export_names_and_classes(built):
+    root = built["root"]
+    for variant in VARIANTS:
+        folder = os.path.join(root, variant, "HF_A")
+        with open(os.path.join(folder, "config.json")) as f:
+            cfg = json.load(f)
+        model = hf_model(folder)
+        names = set(model.state_dict())
+        if variant == "transformer":  # native transformers, no remote code
+            assert cfg["model_type"] == "qwen3" and type(model).__name__ == "Qwen3ForCausalLM"
+            assert not [n for n in os.listdir(folder) if n.endswith(".py")]
+            assert cfg["head_dim"] == 16 and cfg["rms_norm_eps"] == 1e-6 and cfg["tie_word_embeddings"] is True
+            assert "model.layers.0.self_attn.q_norm.weight" in names
+            continue
+        cls = "SATFormer" if variant.startswith("satformer") else "ResFormer"
+        assert cfg["model_type"] == cls and type(model).__name__ == f"{cls}ForCausalLM"
+        assert type(model.config).__name__ == f"{cls}Config"
+        for name in ("model.embeddings.weight", "model.layers.3.attn_norm.weight", "model.layers.3.mlp_norm.weight",
+                     "model.layers.3.attn.q_norm.weight", "model.layers.3.attn.k_proj.weight",
+                     "model.layers.3.mlp.gate_proj.weight", "model.norm.weight"):
+            assert name in names, name
+        if cls == "SATFormer":
+            assert "model.layers.3.attn.value_residual_mixing.alpha_proj.weight" in names
+            assert cfg["value_residual_gate"] == ("sigmoid" if "sigmoid" in variant else "relu")
+        else:
+            assert "model.lambda_manager.lambda_logits" in names and "model.layers.3.attn.value_residual_mixing.lambda2" in names
+        assert ("model.layers.1.attn.value_residual_mixing.alpha_proj.weight" in names or
+                "model.layers.1.attn.value_residual_mixing.lambda2" in names) == ("last2" not in variant)
+        text = open(os.path.join(folder, f"modeling_{cls.lower()}.py")).read()
+        assert "flash_attn" not in text.replace("no flash-attn", "") and "import fla" not in text
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_round_trip_identical(built, variant):
+    """HF_A -> Megatron checkpoint C -> HF_C gives the same tensors, bit for bit."""
+    from safetensors.torch import load_file
+
+    a = load_file(os.path.join(built["root"], variant, "HF_A", "model.safetensors"))
+    c = load_file(os.path.join(built["root"], variant, "HF_C", "model.safetensors"))
+    assert sorted(a) == sorted(c)
+    for k in a:
+        assert a[k].dtype == c[k].dtype and torch.equal(a[k], c[k]), k
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_generation_with_and_without_cache(built, variant):
+    model = hf_model(os.path.join(built["root"], variant, "HF_A"))
+    prompt = tokens()[:, :7]
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kw)
+        uncached = model.generate(prompt, use_cache=False, **kw)
+        assert torch.equal(cached, uncached)
+        # step by step: the cache holds V', and V1 of the new token comes from layer 1
+        full = model(cached[:, :12]).logits
+        out = model(cached[:, :9], use_cache=True)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        assert cache is not None and cache.get_seq_length() == 9
+        for t in range(9, 12):
+            out = model(cached[:, t:t + 1], use_cache=True, **{"cache" if hasattr(out, "cache") else "past_key_values": cache})
+            torch.testing.assert_close(out.logits[:, -1], full[:, t], rtol=1e-5, atol=1e-5)
+        # left-padded batch: the short prompt continues as it does alone
+        short = prompt[1:, 3:]
+        batch = torch.cat([prompt[:1], torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1)])
+        mask = torch.ones_like(batch)
+        mask[1, :3] = 0
+        padded = model.generate(batch, attention_mask=mask, use_cache=True, **kw)
+        alone = model.generate(short, use_cache=True, **kw)
+    assert torch.equal(padded[1, 7:], alone[0, 4:])
+
+
+def test_tokenizer_and_generation_config(built):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    folder = os.path.join(built["root"], "satformer", "HF_A")
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok("w1 w2")["input_ids"] == [3, 4] and tok.eos_token_id == 0
+    assert GenerationConfig.from_pretrained(folder).eos_token_id == 0
+    assert json.load(open(os.path.join(folder, "config.json")))["max_position_embeddings"] == SEQ
+
+
+def test_tp2_pp2_checkpoints(built):
+    """B was saved at TP2 x PP2; the imported C loads there with the trainer's loader and trains."""
+    root = built["root"]
+    for variant in RESHARDED:
+        info = json.load(open(os.path.join(root, variant, "HF_B", "megatron_sat_conversion.json")))
+        assert info["saved_layout"]["tp"] == 2 and info["saved_layout"]["pp"] == 2 and info["iteration"] == 2
+        for rank_result in built["reshard"]:
+            r = rank_result[variant]
+            assert r["names"] and r["c_vs_a"] == 0.0, (variant, r)
+            assert r["c_iteration"] == 0 and r["ok"] and r["lr"] == 1e-3
+        losses = [rr[variant]["loss"] for rr in built["reshard"] if rr[variant]["loss"] is not None]
+        assert losses and all(abs(x) < 100 for x in losses)
+    vpp = json.load(open(os.path.join(root, "satformer", "HF_B_vpp", "megatron_sat_conversion.json")))
+    assert vpp["saved_layout"] == dict(tp=1, pp=2, vpp=2)
+    sharded = os.path.join(root, "satformer", "HF_B")
+    index = json.load(open(os.path.join(sharded, "model.safetensors.index.json")))
+    assert len(set(index["weight_map"].values())) > 1
+
+
+def test_export_refusals(built):
+    e = built["refusals"]
+    assert "does not exist" in e["missing"]
+    assert "latest_checkpointed_iteration.txt" in e["no_tracker"]
+    assert "'denseformer' cannot be converted" in e["bad_arch"]
+    assert "lacks tensors" in e["mismatch"] or "does not use" in e["mismatch"]
+    assert "already exists" in e["exists"] and "unknown --dtype" in e["dtype"]
+    # megatron_sat's softmax_sigmoid lacks the authors' x num_kv_heads: refused while the two differ
+    assert e["gate"] is None or "differs from the SATFormer authors'" in e["gate"]
+    assert not any(v for k, v in e.items() if k.endswith("/left_output"))
+    assert not [n for n in os.listdir(built["root"]) if ".partial-" in n]
+
+
+def test_import_refusals(built, tmp_path):
+    """Refused before any model is built: wrong arch, missing shards, shape mismatches, shape flags."""
+    from megatron_sat.conversion import ConversionError, import_hf
+
+    root = built["root"]
+    quiet = lambda *a, **k: None  # noqa: E731
+
+    def refuse(hf, match, argv=(), save=None):
+        with pytest.raises(ConversionError, match=match):
+            import_hf(str(hf), str(save or tmp_path / "out"), list(argv), log=quiet)
+
+    refuse(tmp_path / "nothing", "not a folder")
+    wrong = tmp_path / "llama"
+    shutil.copytree(os.path.join(root, "transformer", "HF_A"), wrong)
+    cfg = json.load(open(wrong / "config.json"))
+    json.dump(dict(cfg, model_type="llama"), open(wrong / "config.json", "w"))
+    refuse(wrong, "model_type 'llama' cannot be imported")
+    json.dump(dict(cfg, num_key_value_heads=4), open(wrong / "config.json", "w"))
+    refuse(wrong, "wrong shape")
+    json.dump(dict(cfg, attention_bias=True), open(wrong / "config.json", "w"))
+    refuse(wrong, "attention_bias")
+    shards = tmp_path / "shards"
+    shutil.copytree(os.path.join(root, "satformer", "HF_B"), shards)
+    weight_map = json.load(open(shards / "model.safetensors.index.json"))["weight_map"]
+    os.remove(shards / sorted(set(weight_map.values()))[1])
+    refuse(shards, "missing")
+    refuse(os.path.join(root, "satformer", "HF_A"), "do not pass --num-layers", ["--num-layers", "2"])
+    refuse(os.path.join(root, "satformer", "HF_A"), "already holds a checkpoint", save=os.path.join(root, "satformer", "C"))
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_cli(built, tmp_path):
+    """tools/convert_to_hf.py on the TP2 x PP2 run folder with --verify; convert_from_hf.py's exit code 2."""
+    root = built["root"]
+    out = tmp_path / "cli_export"
+    env = dict(os.environ, PYTHONPATH=REPO)
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert_to_hf.py"), "--load",
+                        os.path.join(root, "satformer_last2_sigmoid", "B"), "--output", str(out), "--verify"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verify: relative max logit difference" in r.stdout and (out / "model.safetensors").exists()
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert_from_hf.py"), "--hf", str(tmp_path / "x"),
+                        "--save", str(tmp_path / "y")], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 2 and "error:" in r.stderr and not (tmp_path / "y").exists()
+
+
+def test_authors_resformer_lambdas_folded():
+    """The authors' lambda1 softmax spans all layers after the first; with last-k the weight of the
+    non-mixing layers is folded into the scale, so every mixing layer keeps its lambda1."""
+    from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_to_hf
+
+    spec = ModelSpec(arch="resformer", num_layers=5, hidden_size=16, num_attention_heads=2, num_query_groups=1,
+                     ffn_hidden_size=32, kv_channels=8, vocab_size=11, max_position_embeddings=8,
+                     value_residual_last_k=2)
+    g = torch.Generator().manual_seed(0)
+    hf = {k: torch.randn(s, generator=g) for k, s in hf_shapes(spec).items()}
+    theirs = hf["model.lambda_manager.lambda_scale"] * torch.softmax(hf["model.lambda_manager.lambda_logits"], 0)
+    meg = hf_to_megatron(hf, spec)
+    ours = meg["value_residual_lambdas.scale"] * torch.softmax(meg["value_residual_lambdas.logits"], 0)
+    torch.testing.assert_close(ours, theirs[[2, 3]])  # layers 4 and 5 (1-based) = authors' indices 2, 3
+    back = megatron_to_hf(meg, spec)
+    assert torch.isinf(back["model.lambda_manager.lambda_logits"][:2]).all()
+    again = back["model.lambda_manager.lambda_scale"] * torch.softmax(back["model.lambda_manager.lambda_logits"], 0)
+    torch.testing.assert_close(again[[2, 3]], theirs[[2, 3]])
+    assert torch.equal(hf_to_megatron(back, spec)["value_residual_lambdas.scale"], meg["value_residual_lambdas.scale"])

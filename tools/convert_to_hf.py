@@ -1,0 +1,61 @@
+#!/usr/bin/env python
+"""Export a megatron_sat checkpoint (saved at any TP/PP/VPP layout) as a Hugging Face folder, on CPU.
+
+    python tools/convert_to_hf.py --load runs/satformer --output hf/satformer
+    python tools/convert_to_hf.py --load runs/satformer/iter_0002000 --output hf/sat-2k --dtype bfloat16 --verify
+
+--load is a run folder (its latest complete iteration, per latest_checkpointed_iteration.txt) or
+one iter_XXXXXXX folder. The output loads offline with
+    transformers.AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True)
+SATFormer / ResFormer: the SATFormer authors' classes and names, modeling code in the folder;
+Transformer: transformers' Qwen3. The tokenizer the run recorded is saved with it (or --tokenizer).
+The folder is written aside and moved into place when complete. Exit codes: 0 done, 2 bad input.
+"""
+
+import argparse
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, help="run folder or iter_XXXXXXX folder")
+    p.add_argument("--output", required=True, help="HF folder to create")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights dtype (auto: as stored in the checkpoint)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer to save with it (default: the run's)")
+    p.add_argument("--max-shard-size-mb", type=int, default=5120, help="split safetensors above this size")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--verify", action="store_true", help="compare the logits of both models on random tokens")
+    args = p.parse_args(argv)
+    if not os.environ.get("MEGATRON_SAT_VERBOSE"):
+        warnings.filterwarnings("ignore")
+        import logging
+
+        logging.getLogger("megatron").setLevel(logging.ERROR)
+    from megatron_sat.conversion import ConversionError, export_checkpoint
+
+    try:
+        info = export_checkpoint(args.load, args.output, dtype=args.dtype, overwrite=args.overwrite,
+                                 tokenizer=args.tokenizer, max_shard_bytes=args.max_shard_size_mb * 1024 * 1024,
+                                 verify=args.verify)
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.verify and not info["max_rel_diff"] <= 1e-4:  # both run in float32 on the exported weights
+        print(f"error: the export's logits differ from the checkpoint's (relative {info['max_rel_diff']:.2e})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    sys.exit(code)

@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""Evaluate a Hugging Face export with lm-eval: the paper's retrieval suite, a zero-shot suite, or any tasks.
+
+    python tools/evaluate.py --model hf/satformer --suite retrieval --output evals/satformer-retrieval
+    python tools/evaluate.py --model hf/satformer --suite zeroshot --device cuda --batch-size 16 --output evals/z
+    python tools/evaluate.py --model hf/satformer --tasks megatron_sat_tiny_mc --include-path tests/data/eval
+
+Prints a Markdown table; --output DIR also writes DIR/results.json and DIR/results.md. Built-in
+tasks download their data; offline, use local task YAMLs (--include-path). See
+megatron_sat/analysis/evaluation.py. Needs lm-eval[hf]==0.4.13. Exit codes: 0 done, 2 bad input.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None) -> int:
+    from megatron_sat.analysis.evaluation import SUITES
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="HF model folder (tools/convert_to_hf.py --output)")
+    p.add_argument("--suite", action="append", default=[], choices=sorted(SUITES), help="task suite (repeatable)")
+    p.add_argument("--tasks", nargs="*", default=[], help="lm-eval task names")
+    p.add_argument("--include-path", action="append", default=[], help="folder of extra task YAMLs")
+    p.add_argument("--skip-missing", action="store_true", help="skip tasks lm-eval does not know")
+    p.add_argument("--batch-size", default="1")
+    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16")
+    p.add_argument("--limit", type=float, default=None, help="examples per task (debugging)")
+    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--max-length", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--output", default=None, help="folder for results.json and results.md")
+    args = p.parse_args(argv)
+    tasks = [t for s in args.suite for t in SUITES[s]] + list(args.tasks)
+    if not tasks:
+        p.error("give --suite and/or --tasks")
+    from megatron_sat.analysis.evaluation import EvaluationError, evaluate, to_markdown, write_results
+
+    try:
+        summary = evaluate(args.model, list(dict.fromkeys(tasks)), include_paths=args.include_path,
+                           batch_size=args.batch_size, device=args.device, dtype=args.dtype, limit=args.limit,
+                           num_fewshot=args.num_fewshot, max_length=args.max_length, skip_missing=args.skip_missing)
+    except EvaluationError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(to_markdown(summary))
+    if args.output:
+        write_results(summary, args.output)
+        print(f"wrote {os.path.join(args.output, 'results.json')} and results.md")
+    return 0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
