@@ -28,7 +28,7 @@ setup(
     name="megatron-sat",
     version="0.1.0",
     description="Pretraining codebase for SATFormer built on NVIDIA Megatron-Core",
-    packages=find_packages(include=["megatron_sat", "megatron_sat.*"]),
+    packages=find_packages(include=["megatron_sat", "megatron_sat.*", "recipes", "recipes.*"]),
     python_requires=">=3.11",
     install_requires=_reqs("base") + ["megatron-core>=0.19,<0.20"],
     extras_require={

@@ -98,3 +98,38 @@ def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: in
     )
     success, grad_norm, _ = optimizer.step()
     return reduce_loss(loss_dicts), grad_norm, success
+
+
+def run_forward_backward(chunks, optimizer, config, data_iterator, *, num_microbatches: int, seq_length: int,
+                         micro_batch_size: int, forward_step_func=gpt_forward_step, forward_only: bool = False):
+    """The forward (and backward) passes of one step, without the optimizer step; Megatron's loss dicts."""
+    if not forward_only:
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+    return forward_backward(
+        chunks, config,
+        forward_step_func=forward_step_func,
+        data_iterator=data_iterator,
+        num_microbatches=num_microbatches,
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+    )
+
+
+def loss_sum_and_count(loss_dicts: List[dict], device, extra: float = 0.0) -> torch.Tensor:
+    """[loss sum, token count, extra] summed over the whole world, the same on every rank.
+
+    Only last-stage ranks of TP (and CP) rank 0 contribute, so the sum is over DP ranks only; `extra`
+    is summed over all ranks (e.g. a stop flag), which costs nothing more than the one all-reduce.
+    """
+    out = torch.zeros(3, dtype=torch.float64, device=device)  # [sum, count, extra]
+    contributes = (parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+                   and parallel_state.get_tensor_model_parallel_rank() == 0
+                   and parallel_state.get_context_parallel_rank() == 0)
+    if loss_dicts and contributes:
+        out[:2] = torch.stack([d["lm loss"] for d in loss_dicts]).sum(0).double()
+    out[2] = extra
+    torch.distributed.all_reduce(out)
+    return out

@@ -1,0 +1,43 @@
+"""Pretrain a Transformer, ResFormer or SATFormer on Megatron-Core: one program, laptop CPU to GPU cluster.
+
+    python -m megatron_sat.train --recipe demo                          # `make demo`: CPU, a few minutes
+    python -m megatron_sat.train --recipe debug_satformer               # seconds, mock data
+    torchrun --nproc-per-node 4 -m megatron_sat.train --recipe debug_satformer \\
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+    srun -n 64 python -m megatron_sat.train --arch satformer --num-layers 24 --hidden-size 2048 \\
+        --num-attention-heads 32 --seq-length 4096 --data-path DATA_PREFIX --tokenizer-model TOKENIZER \\
+        --micro-batch-size 4 --global-batch-size 512 --train-iters 15000 --lr 8e-4 --min-lr 8e-5 \\
+        --save runs/xl --load runs/xl --save-interval 500 --wandb-project satformer
+
+(also installed as `megatron-sat-train`). `--help` lists every flag; see megatron_sat/training/.
+Exit codes: 0 done or stopped cleanly (signal / time limit, checkpoint saved), 2 bad arguments,
+3 NaN/Inf loss (nothing saved after the last good checkpoint).
+Set MEGATRON_SAT_VERBOSE=1 to see megatron-core's warnings and info messages.
+"""
+
+import logging
+import os
+import sys
+import warnings
+
+
+def main(argv=None) -> int:
+    from megatron_sat.training.arguments import parse_args
+
+    args = parse_args(argv)  # exits with code 2 and a message on bad input, before any heavy import
+    if not os.environ.get("MEGATRON_SAT_VERBOSE"):  # megatron-core's CPU fallback notices, deprecations
+        warnings.filterwarnings("ignore", category=UserWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        logging.getLogger("megatron").setLevel(logging.ERROR)
+    from megatron_sat.training.trainer import train
+
+    code = train(args)
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

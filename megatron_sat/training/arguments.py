@@ -1,0 +1,184 @@
+"""Command-line arguments of the trainer (Megatron-LM's flag names where the concept exists).
+
+Parsing is two-pass: `--recipe NAME` is read first and its values (recipes/) become the parser's
+defaults, so any flag on the command line overrides the recipe. `validate_args` checks everything
+that can be checked without importing megatron or touching the disk for writing, so bad input
+fails in about a second with a clear message and leaves no checkpoint behind.
+"""
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+ARCHS = ("transformer", "resformer", "satformer")  # = megatron_sat.model.config.ARCHS (kept import-free)
+GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
+
+
+def _recipes():
+    try:
+        import recipes
+    except ImportError:  # installed without the repository root on sys.path
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        import recipes
+    return recipes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-sat-train",
+        description="Pretrain a Transformer / ResFormer / SATFormer on Megatron-Core.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    g = p.add_argument_group("recipe and model").add_argument
+    g("--recipe", default=None, help="start from a named recipe (recipes/); flags override it")
+    g("--arch", default="satformer", help=f"one of {', '.join(ARCHS)}")
+    g("--num-layers", type=int, default=4)
+    g("--hidden-size", type=int, default=64)
+    g("--num-attention-heads", type=int, default=4)
+    g("--num-query-groups", type=int, default=None, help="KV heads (default: = attention heads)")
+    g("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
+    g("--value-residual-gate", default="relu", help=f"SATFormer gate, one of {', '.join(GATES)}")
+    g("--value-residual-last-k", type=int, default=None, help="mix V1 into the last k layers only")
+    g("--resformer-lambdas", default="learned", choices=["learned", "fixed"])
+    g("--rotary-base", type=int, default=10000)
+    g("--recompute-granularity", default=None, choices=["full", "selective"])
+    g("--recompute-num-layers", type=int, default=1)
+    g = p.add_argument_group("parallelism").add_argument
+    g("--tensor-model-parallel-size", type=int, default=1)
+    g("--pipeline-model-parallel-size", type=int, default=1)
+    g("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    g("--sequence-parallel", action="store_true")
+    g("--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
+      help="default: on with a GPU, off on CPU")
+    g("--overlap-grad-reduce", action="store_true")
+    g = p.add_argument_group("batch and schedule").add_argument
+    g("--micro-batch-size", type=int, default=2)
+    g("--global-batch-size", type=int, default=8)
+    g("--seq-length", type=int, default=32)
+    g("--train-iters", type=int, default=20)
+    g("--lr", type=float, default=1e-3)
+    g("--min-lr", type=float, default=0.0)
+    g("--lr-warmup-iters", type=int, default=0)
+    g("--lr-decay-style", default="cosine", choices=["cosine", "linear", "constant"])
+    g("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+    g("--clip-grad", type=float, default=1.0)
+    g("--weight-decay", type=float, default=0.1)
+    g("--adam-beta1", type=float, default=0.9)
+    g("--adam-beta2", type=float, default=0.95)
+    g("--adam-eps", type=float, default=1e-8)
+    g("--bf16", action=argparse.BooleanOptionalAction, default=None, help="default: on with a GPU, off on CPU")
+    g("--seed", type=int, default=1234)
+    g = p.add_argument_group("data").add_argument
+    g("--data-path", nargs="*", default=None, help="indexed dataset prefix(es) or a blend 'w1 p1 w2 p2'")
+    g("--split", default="98,2,0")
+    g("--tokenizer-model", default=None, help="HF tokenizer folder / tokenizer.json / hub name")
+    g("--mock-data", action="store_true", help="synthetic tokens (throughput runs); needs --vocab-size")
+    g("--embedded-data", default=None, metavar="DIR",
+      help="build (once) the embedded corpus, a BPE tokenizer and its dataset in DIR and train on it")
+    g("--vocab-size", type=int, default=None, help="mock data vocabulary / embedded BPE size")
+    g("--data-cache-path", default=None)
+    g("--make-vocab-size-divisible-by", type=int, default=128, help="pad the model's vocabulary (x TP)")
+    g = p.add_argument_group("checkpoints and stopping").add_argument
+    g("--save", default=None, help="run folder: checkpoints, metrics.jsonl, config.json (default runs/RECIPE)")
+    g("--load", default=None, help="resume from this folder's latest complete checkpoint")
+    g("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
+    g("--save-interval", type=int, default=None)
+    g("--no-save-final", dest="save_final", action="store_false", help="skip the final checkpoint")
+    g("--exit-interval", type=int, default=None, help="save and exit at the first iteration that is a multiple of N")
+    g("--exit-duration-in-mins", type=float, default=None, help="save and exit after this wall time")
+    g("--eval-interval", type=int, default=None)
+    g("--eval-iters", type=int, default=2)
+    g = p.add_argument_group("logging").add_argument
+    g("--log-interval", type=int, default=10)
+    g("--wandb-project", default=None)
+    g("--wandb-exp-name", default=None)
+    g("--wandb-mode", default=None, choices=["online", "offline", "disabled"],
+      help="default: online when api.wandb.ai is reachable, else offline")
+    g("--peak-tflops", type=float, default=None, help="peak TFLOP/s per device for MFU (default: device table)")
+    g("--no-progress-bar", dest="progress_bar", action="store_false")
+    a("--debug-inject-nan-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = build_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.recipe:
+        try:
+            defaults = _recipes().get(pre.recipe)
+        except ValueError as e:
+            parser.error(str(e))
+        unknown = [k for k in defaults if k not in _dests(parser)]
+        if unknown:
+            parser.error(f"recipe {pre.recipe!r} sets unknown arguments {unknown}")
+        parser.set_defaults(**defaults)
+    args = parser.parse_args(argv)
+    if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
+        args.save = os.path.join("runs", args.recipe or "run")
+    try:
+        validate_args(args, int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))))
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def _dests(parser) -> set:
+    return {action.dest for action in parser._actions}
+
+
+def validate_args(args: argparse.Namespace, world_size: int) -> None:
+    """Raise ValueError listing every problem found (megatron is not imported)."""
+    errors = []
+    if args.arch not in ARCHS:
+        errors.append(f"unknown --arch {args.arch!r}; choose one of {', '.join(ARCHS)}")
+    if args.value_residual_gate not in GATES:
+        errors.append(f"unknown --value-residual-gate {args.value_residual_gate!r}; choose one of {', '.join(GATES)}")
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if tp < 1 or pp < 1 or world_size % (tp * pp):
+        errors.append(f"world size {world_size} is not divisible by TP x PP = {tp} x {pp}")
+    else:
+        dp = world_size // (tp * pp)
+        if args.micro_batch_size < 1 or args.global_batch_size % (args.micro_batch_size * dp):
+            errors.append(f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
+                          f"x data-parallel size = {args.micro_batch_size} x {dp}")
+    for name in ("train_iters", "seq_length", "log_interval", "eval_iters"):
+        if getattr(args, name) < 1:
+            errors.append(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("save_interval", "eval_interval", "exit_interval"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            errors.append(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
+        errors.append(f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr}) and --lr > 0")
+    decay = args.lr_decay_iters or args.train_iters
+    if not 0 <= args.lr_warmup_iters < decay:
+        errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "
+                      "(--lr-decay-iters, default --train-iters)")
+    sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data)]
+    if sum(sources) != 1:
+        errors.append("give exactly one data source: --data-path PREFIX, --mock-data or --embedded-data DIR")
+    if args.data_path:
+        prefixes = [x for x in " ".join(args.data_path).split() if not _is_number(x)]
+        missing = [x for x in prefixes if not (os.path.isfile(x + ".bin") and os.path.isfile(x + ".idx"))]
+        if missing:
+            errors.append(f"--data-path: no indexed dataset (.bin + .idx) at {', '.join(missing)} "
+                          "(make one with tools/preprocess_data.py)")
+        if not args.tokenizer_model:
+            errors.append("--data-path needs --tokenizer-model (the tokenizer the data was made with)")
+    if args.mock_data and not args.vocab_size:
+        errors.append("--mock-data needs --vocab-size")
+    if args.load and not os.path.isdir(args.load):
+        errors.append(f"--load folder {args.load} does not exist")
+    if args.ckpt_step is not None and not args.load:
+        errors.append("--ckpt-step needs --load")
+    if errors:
+        raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+
+
+def _is_number(x: str) -> bool:
+    try:
+        float(x)
+        return True
+    except ValueError:
+        return False

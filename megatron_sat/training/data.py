@@ -1,0 +1,80 @@
+"""The trainer's data: the embedded default corpus (built once and cached), indexed datasets, or
+mock tokens, and each rank's train / validation micro-batch iterators.
+
+Embedded data (--embedded-data DIR), built by global rank 0 while the others wait:
+    DIR/raw/default_corpus.jsonl        Python's own documentation (megatron_sat.data.corpus)
+    DIR/tokenizer/                      byte-level BPE trained on it (--vocab-size)
+    DIR/default_text_document.{bin,idx} the tokenized corpus
+A rerun finds DIR/READY (written last) and skips all three.
+"""
+
+import json
+import os
+import time
+
+import torch
+from megatron.core import parallel_state
+
+from megatron_sat.data import NullTokenizer, build_data_loader, build_datasets, load_tokenizer
+
+READY = "READY"
+
+
+def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
+    """(dataset prefix, tokenizer folder) of the embedded corpus in `directory`, building it if needed."""
+    prefix = os.path.join(directory, "default_text_document")
+    tok_dir = os.path.join(directory, "tokenizer")
+    ready = os.path.join(directory, READY)
+    if torch.distributed.get_rank() == 0:
+        stamp = None
+        if os.path.isfile(ready):
+            with open(ready) as f:
+                stamp = json.load(f)
+        if stamp is None or stamp.get("vocab_size") != vocab_size:
+            from megatron_sat.data import preprocess, train_bpe_tokenizer, write_default_corpus
+
+            t0 = time.time()
+            log(f"preparing the embedded corpus in {directory} (once; later runs reuse it) ...")
+            info = write_default_corpus(os.path.join(directory, "raw"))
+            tok = train_bpe_tokenizer([info.path], vocab_size, tok_dir)
+            result = preprocess([info.path], tok, prefix, workers=1, progress=False)
+            with open(ready + ".tmp", "w") as f:
+                json.dump(dict(vocab_size=vocab_size, docs=info.num_docs, tokens=result.num_tokens), f)
+            os.replace(ready + ".tmp", ready)
+            log(f"  {info.num_docs} documents, {result.num_tokens:,} tokens, BPE vocabulary {vocab_size} "
+                f"({time.time() - t0:.0f} s)")
+        else:
+            log(f"reusing the embedded corpus in {directory} ({stamp['tokens']:,} tokens)")
+    torch.distributed.barrier()
+    return prefix, tok_dir
+
+
+def tokenizer_and_data(args, log=print):
+    """(tokenizer, data spec) for the chosen data source."""
+    if args.mock_data:
+        return NullTokenizer(args.vocab_size), None
+    if args.embedded_data:
+        prefix, tok_dir = prepare_embedded(args.embedded_data, args.vocab_size or 4096, log)
+        return load_tokenizer(tok_dir), prefix
+    return load_tokenizer(args.tokenizer_model), " ".join(args.data_path)
+
+
+def build_iterators(args, tokenizer, data, consumed_samples: int):
+    """(train iterator from consumed_samples, function returning a fresh validation iterator or None)."""
+    evals = (args.eval_iters * args.global_batch_size) if args.eval_interval or args.eval_iters else 0
+    cache = args.data_cache_path or (os.path.join(args.save, "data_cache") if args.save else None)
+    datasets = build_datasets(
+        data, tokenizer, seq_length=args.seq_length,
+        num_samples=(args.train_iters * args.global_batch_size, evals, 0),
+        split=args.split, seed=args.seed, mock=args.mock_data, cache_dir=cache,
+    )
+    dp_rank = parallel_state.get_data_parallel_rank()
+    dp_size = parallel_state.get_data_parallel_world_size()
+    train = iter(build_data_loader(datasets.train, args.micro_batch_size, dp_rank, dp_size, consumed_samples))
+
+    def valid():
+        if datasets.valid is None:
+            return None
+        return iter(build_data_loader(datasets.valid, args.micro_batch_size, dp_rank, dp_size, 0, cyclic=True))
+
+    return train, valid

@@ -1,0 +1,112 @@
+"""Named training recipes: a registry of functions that return trainer argument defaults.
+
+A recipe is a function returning {argument dest: value} (dest names as in
+megatron_sat.training.arguments, e.g. "num_layers", "lr", "global_batch_size"). The trainer
+applies it as parser defaults, so every command-line flag still overrides it:
+
+    python -m megatron_sat.train --recipe debug_satformer --train-iters 20
+
+Building blocks, meant to be combined by later recipes (e.g. the paper's scaling grid):
+    base()          the paper's optimisation settings (AdamW 0.9/0.95, wd 0.1, clip 1.0, cosine to 0.1 lr)
+    SIZES[name]     model shapes: tiny/demo (CPU) and the paper's small/medium/large/xl
+    model(arch, size, **overrides)   arch + shape
+"""
+
+from typing import Callable, Dict
+
+RECIPES: Dict[str, Callable[[], dict]] = {}
+
+# name -> model shape (the paper's grid from shared/reference/satformer.md, plus CPU sizes)
+SIZES = {
+    "tiny": dict(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=128),
+    "demo": dict(num_layers=4, hidden_size=128, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=384),
+    "small": dict(num_layers=11, hidden_size=768, num_attention_heads=12, num_query_groups=12, ffn_hidden_size=3072),
+    "medium": dict(num_layers=18, hidden_size=1024, num_attention_heads=16, num_query_groups=16,
+                   ffn_hidden_size=4096),
+    "large": dict(num_layers=19, hidden_size=1536, num_attention_heads=24, num_query_groups=24,
+                  ffn_hidden_size=6144),
+    "xl": dict(num_layers=24, hidden_size=2048, num_attention_heads=32, num_query_groups=32, ffn_hidden_size=5632),
+}
+
+# the paper's peak learning rates per size (min lr = 0.1 x lr)
+PAPER_LR = {"small": 2e-3, "medium": 1.5e-3, "large": 1e-3, "xl": 8e-4}
+
+
+def register(name: str = None):
+    """Decorator: add a recipe function to RECIPES under `name` (default: the function's name)."""
+
+    def wrap(fn):
+        RECIPES[name or fn.__name__] = fn
+        return fn
+
+    return wrap
+
+
+def get(name: str) -> dict:
+    """The argument defaults of recipe `name`; ValueError naming the known recipes otherwise."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
+    return dict(RECIPES[name]())
+
+
+def base(lr: float = 1e-3, **overrides) -> dict:
+    """The paper's optimisation settings (AdamW b=(0.9, 0.95), wd 0.1, clip 1.0, cosine to 0.1 lr)."""
+    out = dict(lr=lr, min_lr=0.1 * lr, adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.1, clip_grad=1.0,
+               lr_decay_style="cosine", seed=1234)
+    out.update(overrides)
+    return out
+
+
+def model(arch: str, size: str, **overrides) -> dict:
+    """Architecture + the shape SIZES[size]."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; known: {', '.join(SIZES)}")
+    out = dict(arch=arch, **SIZES[size])
+    out.update(overrides)
+    return out
+
+
+def _debug(arch: str) -> dict:
+    """A few seconds on a CPU: tiny model, mock data, 20 steps."""
+    return dict(**base(lr=3e-3), **model(arch, "tiny"), mock_data=True, vocab_size=256, seq_length=32,
+                micro_batch_size=2, global_batch_size=8, train_iters=20, lr_warmup_iters=2,
+                log_interval=5, eval_interval=10, eval_iters=2, save_interval=10,
+                save=f"runs/debug_{arch}")
+
+
+@register()
+def debug_transformer() -> dict:
+    return _debug("transformer")
+
+
+@register()
+def debug_resformer() -> dict:
+    return _debug("resformer")
+
+
+@register()
+def debug_satformer() -> dict:
+    return _debug("satformer")
+
+
+@register()
+def demo() -> dict:
+    """`make demo`: a small SATFormer on the embedded corpus (Python's own docs), BPE vocabulary 4096,
+    a few minutes on 2 CPU cores. Data and tokenizer are cached in runs/demo/data."""
+    return dict(**base(lr=3e-3), **model("satformer", "demo"), embedded_data="runs/demo/data",
+                vocab_size=4096, seq_length=128, micro_batch_size=8, global_batch_size=32,
+                train_iters=400, lr_warmup_iters=40, log_interval=10, eval_interval=100, eval_iters=4,
+                save_interval=200, save="runs/demo")
+
+
+def _register_submodules() -> None:
+    """Import every module of this package (e.g. recipes/paper.py, the paper's grid) so that their
+    @register calls run and `--recipe NAME` finds them."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_register_submodules()

@@ -1,0 +1,185 @@
+"""The trainer end to end, through its command line (real megatron-core, gloo, files, signals).
+
+One small SATFormer (4 layers, hidden 64, GQA 4/2, seq 32) on the embedded corpus (real text,
+BPE 512 trained on it), 40 scheduled steps, global batch 8 = 4 micro-batches of 2:
+
+  A  1 process, straight, checkpoint every 3 steps             -> the reference losses
+  B  1 process, --load A --ckpt-step 3, steps 4-6               -> exactly A's losses (resume)
+  C  1 process, SIGTERM after step 2 -> checkpoint, exit 0; rerun with --load -> finishes 40 steps
+     with exactly A's losses
+  D  4 processes TP2 x PP2, --load A --ckpt-step 3 (layout change), steps 4-8 -> A's losses and
+     gate telemetry (relative 1e-5)
+  E  1 process, --load D (TP2 x PP2 -> TP1 x PP1), steps 9-10    -> A's losses
+  N  1 process, NaN injected at step 5 -> exit 3 with a message; latest checkpoint stays at 3
+plus bad input (unknown recipe/arch, missing data, indivisible batch): exit 2, clear message,
+nothing written. Seven trainer launches in all (~1-2 minutes on 2 cores).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--arch", "satformer", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--num-query-groups", "2", "--ffn-hidden-size", "128", "--seq-length", "32", "--micro-batch-size", "2",
+        "--global-batch-size", "8", "--train-iters", "40", "--lr", "3e-3", "--min-lr", "3e-4",
+        "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-interval", "10", "--eval-iters", "1",
+        "--vocab-size", "512", "--no-progress-bar"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cmd(nproc: int, args):
+    if nproc == 1:
+        return [sys.executable, "-m", "megatron_sat.train", *args]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            f"--master-port={_free_port()}", "-m", "megatron_sat.train", *args]
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+
+
+def train(*args, nproc=1, expect=0, timeout=600):
+    proc = subprocess.run(_cmd(nproc, args), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, f"exit {proc.returncode} != {expect}:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout + proc.stderr
+
+
+def metrics(folder):
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return {r["step"]: r for r in rows if "loss" in r}, {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
+
+
+def latest(folder):
+    with open(os.path.join(folder, "latest_checkpointed_iteration.txt")) as f:
+        return int(f.read())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    data = ["--embedded-data", str(tmp / "data")]
+    out = {"tmp": tmp}
+    out["A_log"] = train(*TINY, *data, "--save", str(tmp / "A"), "--save-interval", "3")
+    out["B_log"] = train(*TINY, *data, "--save", str(tmp / "B"), "--load", str(tmp / "A"), "--ckpt-step", "3",
+                         "--exit-interval", "6")
+    # C: SIGTERM once step 2 is logged
+    c_dir = tmp / "C"
+    proc = subprocess.Popen(_cmd(1, [*TINY, *data, "--save", str(c_dir)]), cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if any(json.loads(line).get("step", 0) >= 2 for line in open(c_dir / "metrics.jsonl")):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out["C1_log"], _ = proc.communicate(timeout=300)
+    out["C1_rc"] = proc.returncode
+    out["C1_stop"] = latest(c_dir) if os.path.exists(c_dir / "latest_checkpointed_iteration.txt") else None
+    out["C2_log"] = train(*TINY, *data, "--save", str(c_dir), "--load", str(c_dir))
+    out["D_log"] = train(*TINY, *data, "--save", str(tmp / "D"), "--load", str(tmp / "A"), "--ckpt-step", "3",
+                         "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                         "--exit-interval", "8", nproc=4)
+    out["E_log"] = train(*TINY, *data, "--save", str(tmp / "E"), "--load", str(tmp / "D"), "--exit-interval", "10")
+    out["N_log"] = train(*TINY, *data, "--save", str(tmp / "N"), "--save-interval", "3",
+                         "--debug-inject-nan-at-step", "5", expect=3)
+    return out
+
+
+def test_reference_run_writes_metrics_config_and_checkpoints(runs):
+    a = runs["tmp"] / "A"
+    train_rows, val = metrics(a)
+    assert sorted(train_rows) == list(range(1, 41))
+    for row in train_rows.values():
+        for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "gate_mean", "gate_zero_frac"):
+            assert key in row
+        assert len(row["gate_mean"]) == 4 and row["gate_mean"][0] is None  # layer 1 has no gate
+        assert all(0 <= z <= 1 for z in row["gate_zero_frac"][1:])
+    assert sorted(val) == [10, 20, 30, 40]
+    assert train_rows[40]["loss"] < train_rows[1]["loss"] - 1.0, "loss did not fall on real text"
+    assert val[40] < val[10]
+    # Megatron's warmup: step k uses lr * (k - 1) / warmup, then cosine down to min_lr
+    assert [train_rows[k]["lr"] for k in (1, 2, 3)] == pytest.approx([0.0, 1.5e-3, 3e-3])
+    assert train_rows[40]["lr"] == pytest.approx(3e-4, rel=0.05)
+    config = json.load(open(a / "config.json"))
+    assert config["arch"] == "satformer" and config["num_microbatches"] == 4 and config["vocab_size"] == 512
+    assert latest(a) == 40 and os.path.isfile(a / "iter_0000040" / "metadata.json")
+    assert not [p for p in os.listdir(a) if p.endswith(".tmp")]
+    assert "final validation loss" in runs["A_log"] and "metrics: " in runs["A_log"]
+
+
+def test_resume_continues_exactly(runs):
+    ref, _ = metrics(runs["tmp"] / "A")
+    got, _ = metrics(runs["tmp"] / "B")
+    assert sorted(got) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert got[step]["loss"] == ref[step]["loss"] and got[step]["grad_norm"] == ref[step]["grad_norm"]
+    assert latest(runs["tmp"] / "B") == 6
+
+
+def test_sigterm_saves_exits_zero_and_resume_finishes(runs):
+    assert runs["C1_rc"] == 0, runs["C1_log"][-3000:]
+    stop = runs["C1_stop"]
+    assert stop is not None and 2 <= stop < 40, runs["C1_log"][-3000:]
+    assert "SIGTERM" in runs["C1_log"]
+    ref, _ = metrics(runs["tmp"] / "A")
+    got, _ = metrics(runs["tmp"] / "C")
+    assert sorted(got) == list(range(1, 41))
+    assert [got[s]["loss"] for s in got] == [ref[s]["loss"] for s in got]
+    assert latest(runs["tmp"] / "C") == 40
+
+
+def test_tp2_pp2_from_one_rank_checkpoint_matches(runs):
+    ref, _ = metrics(runs["tmp"] / "A")
+    got, _ = metrics(runs["tmp"] / "D")
+    assert sorted(got) == [4, 5, 6, 7, 8]
+    for s in got:
+        assert got[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-5)
+        assert got[s]["grad_norm"] == pytest.approx(ref[s]["grad_norm"], rel=1e-4)
+        assert got[s]["gate_mean"][1:] == pytest.approx(ref[s]["gate_mean"][1:], rel=1e-4, abs=1e-6)
+    assert "saved at TP1 x PP1" in runs["D_log"] and "TP2xPP2xDP1" in runs["D_log"]
+    back, _ = metrics(runs["tmp"] / "E")
+    assert sorted(back) == [9, 10]
+    for s in back:
+        assert back[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-4)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(runs):
+    n = runs["tmp"] / "N"
+    assert "loss is nan at iteration 5" in runs["N_log"]
+    assert latest(n) == 3
+    assert sorted(p for p in os.listdir(n) if p.startswith("iter_")) == ["iter_0000003"]
+    train_rows, _ = metrics(n)
+    assert max(train_rows) == 4
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--recipe", "no_such_recipe"], "unknown recipe 'no_such_recipe'; known recipes: "),
+    (["--arch", "mamba", "--mock-data", "--vocab-size", "64"], "unknown --arch 'mamba'"),
+    (["--data-path", "/nonexistent/corpus_text_document", "--tokenizer-model", "/nonexistent"],
+     "--data-path: no indexed dataset (.bin + .idx) at /nonexistent/corpus_text_document"),
+    (["--mock-data", "--vocab-size", "64", "--global-batch-size", "7"],
+     "--global-batch-size 7 is not divisible by --micro-batch-size x data-parallel size = 2 x 1"),
+])
+def test_bad_input_fails_clearly_without_writing(tmp_path, extra, message):
+    save = tmp_path / "run"
+    proc = subprocess.run(_cmd(1, ["--save", str(save), *extra]), cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
+    assert not save.exists()

@@ -1,0 +1,94 @@
+"""Fast checks of the trainer's pieces that need no process group: the FLOPs count against a hand
+count, the peak-FLOPs table, the recipe registry and argument validation."""
+
+import types
+
+import pytest
+
+from megatron_sat.profiling.flops import PEAK_TFLOPS, flops_breakdown, flops_per_token, peak_flops_per_device
+from megatron_sat.training.arguments import _recipes, build_parser, parse_args, validate_args
+
+recipes = _recipes()  # the repository's recipes/ package
+
+
+def _cfg(arch, **kw):
+    base = dict(arch=arch, num_layers=3, hidden_size=8, num_attention_heads=2, num_query_groups=1,
+                kv_channels=4, ffn_hidden_size=16, gated_linear_unit=True, value_residual_last_k=None)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_flops_hand_count_tiny():
+    # h=8, L=3, nh=2, ng=1, d=4, f=16, s=5, V=11, written out term by term:
+    qkv = 2 * 8 * (2 * 4 + 2 * 1 * 4)      # x [8] @ W_qkv [8, 16]           = 256 per layer
+    attn = 2 * 5 * 2 * 4 + 2 * 5 * 2 * 4   # q.k over 5 keys, 2 heads of 4; then p @ V = 160
+    proj = 2 * 8 * 8                       # [8] @ W_o [8, 8]                 = 128
+    mlp = 2 * 8 * 16 * 2 + 2 * 16 * 8      # gate+up [8, 32], down [16, 8]    = 768
+    logits = 2 * 8 * 11                    # = 176
+    transformer = 3 * (qkv + attn + proj + mlp) + logits
+    assert flops_per_token(_cfg("transformer"), 5, 11, training=False) == transformer == 4112
+    assert flops_per_token(_cfg("transformer"), 5, 11) == 3 * 4112
+    # SATFormer mixes in layers 2 and 3: x @ W_alpha [8, 1] = 16, relu 1, alpha * V1 + V over 4 = 8
+    sat = flops_breakdown(_cfg("satformer"), 5, 11)
+    assert (sat["gate"], sat["mixing"]) == (2 * (16 + 1), 2 * 8)
+    assert flops_per_token(_cfg("satformer"), 5, 11, training=False) == 4112 + 34 + 16
+    # last_k=1: only layer 3; ResFormer: l1 * V1 + l2 * V = 3 * 4 per mixing layer
+    assert flops_breakdown(_cfg("satformer", value_residual_last_k=1), 5, 11)["gate"] == 17
+    res = flops_breakdown(_cfg("resformer"), 5, 11)
+    assert (res["gate"], res["mixing"]) == (0, 2 * 12)
+
+
+def test_flops_match_parameter_rule_of_thumb_at_1b():
+    # 6 N per token (N without embeddings) is the standard estimate: the exact count is close to it
+    from megatron_sat.model.config import make_config
+
+    cfg = make_config("satformer", **recipes.SIZES["xl"])
+    h, L, f = 2048, 24, 5632
+    n_layer_params = L * (4 * h * h + 3 * h * f)
+    exact = flops_per_token(cfg, 4096, 32000) - 3 * flops_breakdown(cfg, 4096, 32000)["attention"]
+    assert abs(exact - 6 * (n_layer_params + 32000 * h)) / exact < 0.01
+
+
+def test_peak_flops_table_and_cpu():
+    assert PEAK_TFLOPS["H100"] == PEAK_TFLOPS["H200"] == 989.0 and PEAK_TFLOPS["A100"] == 312.0
+    assert peak_flops_per_device(50.0) == 50e12
+    import torch
+
+    if not torch.cuda.is_available():
+        assert peak_flops_per_device(None) is None  # MFU printed as n/a on CPU
+
+
+def test_recipes_registry_and_overrides():
+    assert {"demo", "debug_transformer", "debug_resformer", "debug_satformer"} <= set(recipes.RECIPES)
+    dests = {a.dest for a in build_parser()._actions}
+    for name in recipes.RECIPES:
+        assert set(recipes.get(name)) <= dests, name
+    args = parse_args(["--recipe", "debug_resformer", "--train-iters", "7", "--save", "x"])
+    assert (args.arch, args.train_iters, args.num_layers, args.save) == ("resformer", 7, 4, "x")
+    assert recipes.base(lr=2e-3)["min_lr"] == pytest.approx(2e-4)
+    assert recipes.model("satformer", "large")["hidden_size"] == 1536
+    with pytest.raises(ValueError, match="unknown recipe 'nope'; known recipes: "):
+        recipes.get("nope")
+
+
+def test_validate_args_lists_every_problem():
+    args = build_parser().parse_args(["--arch", "gpt9", "--global-batch-size", "10", "--micro-batch-size", "4",
+                                      "--mock-data", "--vocab-size", "64", "--tensor-model-parallel-size", "3"])
+    with pytest.raises(ValueError) as e:
+        validate_args(args, world_size=4)
+    text = str(e.value)
+    assert "unknown --arch 'gpt9'" in text and "world size 4 is not divisible by TP x PP = 3 x 1" in text
+    args = build_parser().parse_args(["--global-batch-size", "10", "--micro-batch-size", "4", "--mock-data",
+                                      "--vocab-size", "64"])
+    with pytest.raises(ValueError, match="--global-batch-size 10 is not divisible by --micro-batch-size x "
+                                         "data-parallel size = 4 x 2"):
+        validate_args(args, world_size=2)
+    validate_args(build_parser().parse_args(["--mock-data", "--vocab-size", "64"]), world_size=2)
+
+
+def test_help_renders():
+    text = build_parser().format_help()
+    for flag in ("--tensor-model-parallel-size", "--num-virtual-stages-per-pipeline-rank", "--global-batch-size",
+                 "--exit-duration-in-mins", "--wandb-project", "--recipe", "--arch"):
+        assert flag in text
+    assert "--debug-inject-nan-at-step" not in text
