@@ -14,18 +14,16 @@ Building blocks, meant to be combined by later recipes (e.g. the paper's scaling
 
 from typing import Callable, Dict
 
+from megatron_sat.model.sizes import PAPER_SCALES
+
 RECIPES: Dict[str, Callable[[], dict]] = {}
 
-# name -> model shape (the paper's grid from shared/reference/satformer.md, plus CPU sizes)
+# name -> model shape: CPU sizes, and the paper's grid (megatron_sat.model.sizes, the one size table)
 SIZES = {
     "tiny": dict(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=128),
     "demo": dict(num_layers=4, hidden_size=128, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=384),
-    "small": dict(num_layers=11, hidden_size=768, num_attention_heads=12, num_query_groups=12, ffn_hidden_size=3072),
-    "medium": dict(num_layers=18, hidden_size=1024, num_attention_heads=16, num_query_groups=16,
-                   ffn_hidden_size=4096),
-    "large": dict(num_layers=19, hidden_size=1536, num_attention_heads=24, num_query_groups=24,
-                  ffn_hidden_size=6144),
-    "xl": dict(num_layers=24, hidden_size=2048, num_attention_heads=32, num_query_groups=32, ffn_hidden_size=5632),
+    **{name: PAPER_SCALES[scale] for name, scale in
+       (("small", "130M"), ("medium", "340M"), ("large", "760M"), ("xl", "1.3B"))},
 }
 
 # the paper's peak learning rates per size (min lr = 0.1 x lr)

@@ -1,0 +1,293 @@
+"""Layout planner: check a recipe's parallel layout and estimate its memory per GPU, without a cluster.
+
+    python tools/plan_layout.py --recipe satformer_1.3B                     # the recipe's default layout
+    python tools/plan_layout.py --recipe satformer_1.3B --nodes 1 --gpu H200 --micro-batch-size 8
+
+    from megatron_sat.parallel.planner import plan_recipe
+    plan = plan_recipe("satformer_760M", ["--pipeline-model-parallel-size", "2"], nodes=1)
+    print(plan.format()); assert plan.ok, plan.errors
+
+Checks: megatron_sat.parallel.layout.validate (TP/PP/VPP/CP/SP divisibility against heads, KV heads, layers,
+sequence, micro-batch count), global batch = micro-batch x DP x accumulation, and memory per GPU <= 90% of
+the GPU's (10% left for allocator fragmentation and what the estimate leaves out).
+
+Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU):
+  model states   params_stage x (2 bf16 weights + 4 fp32 grad buffer [grad_reduce_in_fp32]
+                                 + 12 fp32 master/m/v, divided by DP with the distributed optimizer)
+                 params_stage: layers/PP x per-layer params / TP, + the word embedding / TP on the first
+                 stage and (tied, PP > 1) its copy on the last stage.
+  activations    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+                 counted for this block (RMSNorm, QK-norm, SwiGLU, no dropout), per layer and micro-batch,
+                 s sequence, b micro-batch, h hidden, f FFN, a heads, g KV heads, d head dim, t TP:
+                    attention  2sbh norm in + 2sbh QKV in (both / t with SP) + 2sb(a+g)d/t QK-norm in
+                               + 2sb(a+2g)d/t core-attention in + 2sbad/t projection in
+                               + 5as^2b/t score/softmax (dropped by selective recompute)
+                    MLP        2sbh norm in + 2sbh FC1 in (/ t with SP) + 8sbf/t (gate, up, silu, product)
+                    SATFormer  2sbg/t gate values
+                 full recompute keeps only each layer's input (2sbh, / t with SP) plus one layer's full set.
+                 In flight: 1F1B keeps min(PP - stage, micro-batches) micro-batches on a stage (PP = 1: one);
+                 interleaving (VPP) multiplies stage 0's by 1 + (PP - 1) / (PP x VPP).
+                 Last stage: final-norm and output-layer inputs (4sbh) and logits 6sbV/t (bf16 + fp32 loss).
+  V1 extra       value-residual archs carry V1 (2sbgd/t) through every stage for each in-flight micro-batch,
+                 plus its gradient accumulator for the one in backward.
+  overhead       3 GiB (CUDA context, NCCL and cuBLAS workspaces).
+GPU time: FLOPs per token from megatron_sat.profiling.flops (3 x forward, attention included) x tokens /
+(peak bf16 x MFU); MFU defaults to 0.40 (the published ~1B H100 anchors are 40-48%).
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+GIB = 1024 ** 3
+GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100": 80.0, "cpu": None}
+USABLE_FRACTION = 0.9
+OVERHEAD_GIB = 3.0
+DEFAULT_MFU = 0.40
+
+
+def load_recipes():
+    """The recipes package with the paper grid registered (recipes/paper.py), importable from the repo root."""
+    import importlib
+    import os
+    import sys
+
+    try:
+        import recipes
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        import recipes
+    importlib.import_module("recipes.paper")
+    return recipes
+
+
+@dataclass
+class Plan:
+    recipe: str
+    arch: str
+    nodes: int
+    gpus_per_node: int
+    gpu: str
+    tp: int
+    pp: int
+    vpp: Optional[int]
+    sp: bool
+    dp: int
+    micro_batch_size: int
+    global_batch_size: int
+    num_microbatches: int
+    seq_length: int
+    train_iters: int
+    warmup_iters: int
+    lr: float
+    parameters: int
+    flops_per_token: float
+    recompute: Optional[str]
+    memory: Dict[str, float] = field(default_factory=dict)  # GiB per GPU (worst stage)
+    capacity_gib: Optional[float] = None
+    gpu_hours: Optional[float] = None
+    mfu: float = DEFAULT_MFU
+    errors: List[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+    @property
+    def tokens(self) -> int:
+        return self.train_iters * self.tokens_per_step
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def layout(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"] + ([f"VPP{self.vpp}"] if self.vpp else []) + [f"DP{self.dp}"]
+        return "x".join(parts) + ("+SP" if self.sp else "")
+
+    @property
+    def wall_hours(self) -> Optional[float]:
+        return None if self.gpu_hours is None else self.gpu_hours / self.world_size
+
+    def format(self) -> str:
+        m = self.memory
+        lines = [
+            f"recipe {self.recipe}: {self.arch}, {self.parameters / 1e6:,.1f}M parameters",
+            f"  cluster   {self.nodes} node(s) x {self.gpus_per_node} {self.gpu} = {self.world_size} ranks, "
+            f"layout {self.layout}",
+            f"  batch     micro {self.micro_batch_size} x DP {self.dp} x {self.num_microbatches} accumulation = "
+            f"global {self.global_batch_size} x seq {self.seq_length} = {self.tokens_per_step:,} tokens/step",
+            f"  schedule  {self.train_iters:,} steps = {_tokens(self.tokens)} tokens, warmup {self.warmup_iters}, "
+            f"peak lr {self.lr:g}",
+        ]
+        if m and self.capacity_gib is None:
+            lines.append(f"  memory    not checked ({self.gpu}: no GPU memory to size against)")
+        elif m:
+            cap = f"{self.capacity_gib:.0f} GiB"
+            lines.append(
+                f"  memory    {m['total']:.1f} GiB per GPU of {cap} (weights {m['weights']:.1f}, grads {m['grads']:.1f}, "
+                f"optimizer {m['optimizer']:.1f}, activations {m['activations']:.1f} "
+                f"[{m['in_flight']:g} micro-batch(es) in flight, recompute {self.recompute or 'none'}], "
+                f"V1 {m['v1']:.2f}, overhead {m['overhead']:.1f})")
+        if self.gpu_hours is not None:
+            lines.append(f"  compute   {self.flops_per_token / 1e9:.2f} GFLOP/token, {self.gpu_hours:,.0f} GPU hours "
+                         f"at {100 * self.mfu:.0f}% MFU = {self.wall_hours:.1f} h on {self.world_size} GPUs")
+        lines.append("  status    OK" if self.ok else "  status    INVALID:\n    " + "\n    ".join(self.errors))
+        return "\n".join(lines)
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,.0f}"
+
+
+def resolve_args(recipe: str, overrides: Sequence[str] = ()):
+    """The trainer's argparse.Namespace for `recipe` + command-line `overrides` (not validated for data)."""
+    load_recipes()
+    import recipes
+
+    from megatron_sat.training.arguments import build_parser
+
+    parser = build_parser()
+    parser.set_defaults(**recipes.get(recipe))
+    return parser.parse_args(["--recipe", recipe, *overrides])
+
+
+def plan_recipe(recipe: str, overrides: Sequence[str] = (), nodes: Optional[int] = None,
+                gpus_per_node: Optional[int] = None, gpu: Optional[str] = None, mfu: float = DEFAULT_MFU) -> Plan:
+    """Plan `recipe` on its default cluster (recipes.paper.cluster) with any of it overridden."""
+    load_recipes()
+    from recipes.paper import cluster
+
+    args = resolve_args(recipe, overrides)
+    c = cluster(recipe)
+    return make_plan(args, recipe=recipe, nodes=nodes or c["nodes"], gpus_per_node=gpus_per_node or c["gpus_per_node"],
+                     gpu=gpu or c["gpu"], mfu=mfu)
+
+
+def _model_config(args):
+    from megatron_sat.model.config import make_config
+
+    return make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
+                       num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
+                       ffn_hidden_size=args.ffn_hidden_size, value_residual_gate=args.value_residual_gate,
+                       value_residual_last_k=args.value_residual_last_k, resformer_lambdas=args.resformer_lambdas)
+
+
+def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: float = DEFAULT_MFU) -> Plan:
+    """Validate and size the run described by trainer arguments `args` on nodes x gpus_per_node `gpu`s."""
+    from megatron_sat.model.sizes import count_parameters
+    from megatron_sat.parallel.layout import Layout, validate
+    from megatron_sat.profiling.flops import PEAK_TFLOPS, flops_per_token
+
+    errors = []
+    if gpu not in GPU_MEMORY_GIB:
+        errors.append(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GIB)}")
+    try:
+        cfg = _model_config(args)
+    except ValueError as e:
+        raise ValueError(f"recipe {recipe}: {e}") from None
+    vocab = args.vocab_size or 32000
+    world = nodes * gpus_per_node
+    layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+                    vpp=args.num_virtual_stages_per_pipeline_rank, sp=args.sequence_parallel)
+    dp = max(layout.dp(world), 1)
+    mbs, gbs = args.micro_batch_size, args.global_batch_size
+    num_micro = gbs // (mbs * dp) if mbs > 0 else 0
+    if mbs < 1 or gbs % (mbs * dp):
+        errors.append(f"global batch {gbs} is not divisible by micro-batch x DP = {mbs} x {dp}")
+    if args.lr_warmup_iters > args.train_iters:
+        errors.append(f"warmup {args.lr_warmup_iters} steps exceeds train_iters {args.train_iters}")
+    try:
+        validate(layout, cfg, world, seq_length=args.seq_length, num_microbatches=num_micro or None,
+                 backend="te" if gpu != "cpu" else "local")
+    except ValueError as e:
+        errors.extend(str(e).splitlines()[1:] or [str(e)])
+    errors = [e.strip() for e in errors]
+    params = count_parameters(cfg, vocab)["total"]
+    flops = flops_per_token(cfg, args.seq_length, vocab)
+    plan = Plan(recipe=recipe, arch=args.arch, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, tp=layout.tp,
+                pp=layout.pp, vpp=layout.vpp, sp=layout.sp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs,
+                num_microbatches=num_micro, seq_length=args.seq_length, train_iters=args.train_iters,
+                warmup_iters=args.lr_warmup_iters, lr=args.lr, parameters=params, flops_per_token=flops,
+                recompute=args.recompute_granularity, capacity_gib=GPU_MEMORY_GIB.get(gpu), mfu=mfu, errors=errors)
+    if gpu in PEAK_TFLOPS:
+        plan.gpu_hours = flops * plan.tokens / (PEAK_TFLOPS[gpu] * 1e12 * mfu) / 3600
+    if not errors:
+        bf16 = gpu != "cpu" if args.bf16 is None else args.bf16
+        dist_opt = (gpu != "cpu") if args.use_distributed_optimizer is None else args.use_distributed_optimizer
+        plan.memory = estimate_memory(cfg, layout, dp=dp, micro_batch_size=mbs, num_microbatches=num_micro,
+                                      seq_length=args.seq_length, vocab_size=vocab, bf16=bf16,
+                                      distributed_optimizer=dist_opt, recompute=args.recompute_granularity)
+        if plan.capacity_gib and plan.memory["total"] > USABLE_FRACTION * plan.capacity_gib:
+            plan.errors.append(
+                f"estimated {plan.memory['total']:.1f} GiB per GPU exceeds {100 * USABLE_FRACTION:.0f}% of the "
+                f"{gpu}'s {plan.capacity_gib:.0f} GiB: lower --micro-batch-size, add --recompute-granularity "
+                "selective/full, or raise TP/PP")
+    return plan
+
+
+def _per_layer_params(cfg) -> float:
+    from megatron_sat.model.sizes import count_parameters
+
+    parts = count_parameters(cfg, vocab_size=0)
+    return (parts["attention"] + parts["mlp"] + parts["norms"] + parts["value_residual"]) / cfg.num_layers
+
+
+def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbatches: int, seq_length: int,
+                    vocab_size: int, bf16: bool = True, distributed_optimizer: bool = True,
+                    recompute: Optional[str] = "selective") -> Dict[str, float]:
+    """GiB per GPU on the worst pipeline stage, by part (see the module docstring for the formulas)."""
+    t, pp, vpp = layout.tp, layout.pp, layout.vpp
+    s, b, h = seq_length, micro_batch_size, cfg.hidden_size
+    a, g, d, f = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels, cfg.ffn_hidden_size
+    sp_div = t if layout.sp else 1
+    layers = cfg.num_layers / pp
+    emb = vocab_size * h / t
+    # bytes per parameter: weights, fp32 grad buffer, optimizer (fp32 master + Adam m, v; no master in fp32)
+    w_bytes, g_bytes, o_bytes = (2, 4, 12) if bf16 else (4, 4, 8)
+    if distributed_optimizer:
+        o_bytes = o_bytes / dp
+    act = 2  # activation bytes (bf16) -- fp32 runs on CPU are not sized against a GPU
+    sbh = s * b * h
+    attn = (4 * sbh / sp_div + 2 * s * b * (a + g) * d / t + 2 * s * b * (a + 2 * g) * d / t
+            + 2 * s * b * a * d / t)
+    mlp = 4 * sbh / sp_div + 4 * s * b * f * act / t
+    extra = 2 * s * b * g / t if cfg.arch == "satformer" else 0.0
+    layer_full = attn + mlp + extra + (5 * a * s * s * b / t if recompute != "selective" else 0.0)
+    if recompute == "full":  # keep layer inputs; rebuild one layer at a time in backward
+        layer_full = attn + mlp + extra + 5 * a * s * s * b / t
+        per_layer, one_layer = 2 * sbh / sp_div, layer_full
+    else:
+        per_layer, one_layer = layer_full, 0.0
+    v1 = 2 * s * b * g * d / t if cfg.uses_value_residual else 0.0
+    worst = None
+    m = max(num_microbatches, 1)
+    for stage in range(pp):
+        in_flight = 1 if pp == 1 else min(pp - stage, m)
+        if vpp and stage == 0:
+            in_flight = min(pp, m) * (1 + (pp - 1) / (pp * vpp))
+        params = layers * _per_layer_params(cfg) / t
+        if stage == 0:
+            params += emb
+        if stage == pp - 1:
+            params += h + (emb if pp > 1 else 0)  # final norm; the tied output layer's copy on the last stage
+        activations = in_flight * layers * per_layer + one_layer
+        if stage == pp - 1:
+            activations += 4 * sbh / sp_div + 6 * s * b * vocab_size / t
+        v1_bytes = (in_flight + 1) * v1 if v1 else 0.0
+        parts = dict(weights=params * w_bytes, grads=params * g_bytes, optimizer=params * o_bytes,
+                     activations=activations, v1=v1_bytes)
+        total = sum(parts.values())
+        if worst is None or total > worst[0]:
+            worst = (total, parts, in_flight)
+    _, parts, in_flight = worst
+    out = {k: v / GIB for k, v in parts.items()}
+    out["overhead"] = OVERHEAD_GIB
+    out["total"] = sum(out.values())
+    out["in_flight"] = round(in_flight, 2)
+    return out

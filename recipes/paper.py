@@ -1,0 +1,199 @@
+"""The paper's scaling grid as named recipes: `{arch}_{scale}` for arch in transformer / resformer / satformer
+and scale in 130M / 340M / 760M / 1.3B (12 recipes), e.g.
+
+    python -m megatron_sat.train --recipe satformer_760M --data-path DATA --tokenizer-model TOK  # flags override
+    python tools/plan_layout.py --recipe satformer_1.3B --nodes 2 --micro-batch-size 2            # check a layout
+    python tools/submit_grid.py --archs satformer,resformer --scales 760M --seeds 1,2 --dry-run    # Slurm
+
+Everything comes from shared/reference/satformer.md through two tables:
+    megatron_sat.model.sizes.PAPER_SCALES   model shapes (d_model, layers, heads, KV heads, FFN)
+    SCHEDULES below                          peak lr, warmup tokens and token budget per scale
+and one shared base (recipes.base: AdamW 0.9/0.95, wd 0.1, clip 1.0, linear warmup + cosine to 0.1 x lr).
+Context 4096, global batch 512 sequences = 2,097,152 tokens per step (the paper's "about 2M"), so
+    train_iters    = ceil(tokens / (512 x 4096))        e.g. 5B -> 2385, 30B -> 14306
+    lr_warmup_iters = round(warmup tokens / (512 x 4096)) e.g. 0.05B -> 24, 0.3B -> 143
+
+The authors' config defects, fixed here (and in PAPER_SCALES):
+  1. SATFormer xl says 24 heads with d_model 2048 (head dim 85.33: the QKV reshape fails). Fixed: 32 heads of
+     64, as their Transformer and ResFormer xl files (so the three archs have identical shapes).
+  2. Transformer medium uses 4 KV heads while every other config is multi-head. Fixed: 16 KV heads (MHA), so
+     that archs at one scale differ only in the value residual. The authors' literal Transformer medium is
+     `--recipe transformer_340M --num-query-groups 4`.
+  Kept as published (not a defect, an arch-specific choice): Transformer xl peak lr 5e-4 (others 8e-4).
+Not registered: DenseFormer, MUDDFormer and Hyper-Connections, the paper's dense baselines, are not
+implemented in megatron_sat yet (their recipes would name an arch the trainer refuses); the authors have no
+xl config for them either. Add them to ARCHS here once the models exist.
+
+Cluster layout: every recipe has a default `CLUSTERS[scale]` (nodes, GPUs per node, GPU kind, a time limit per
+job) next to its TP/PP/micro-batch settings (trainer flags in the recipe itself). The layouts were checked with
+megatron_sat.parallel.planner (memory estimate per H100 80 GB). Command-line flags override both: trainer flags
+(--tensor-model-parallel-size, --micro-batch-size, ...) and --nodes / --gpus-per-node / --gpu in tools/.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from recipes import RECIPES, base, register
+
+from megatron_sat.model.sizes import PAPER_SCALES, PAPER_SEQ_LENGTH, PAPER_VOCAB
+
+ARCHS = ("transformer", "resformer", "satformer")  # implemented archs with paper recipes
+NOT_IMPLEMENTED = ("denseformer", "muddformer", "hyper_connections")
+SCALES = tuple(PAPER_SCALES)  # ("130M", "340M", "760M", "1.3B")
+GLOBAL_BATCH = 512  # sequences per step: 512 x 4096 = 2,097,152 tokens
+SEQ_LENGTH = PAPER_SEQ_LENGTH
+
+
+@dataclass(frozen=True)
+class Schedule:
+    lr: float  # peak; min lr = 0.1 x lr
+    warmup_tokens: float
+    tokens: float
+    arch_lr: tuple = ()  # ((arch, lr), ...) where an arch's published lr differs
+
+
+SCHEDULES = {
+    "130M": Schedule(lr=2e-3, warmup_tokens=0.05e9, tokens=5e9),
+    "340M": Schedule(lr=1.5e-3, warmup_tokens=0.1e9, tokens=10e9),
+    "760M": Schedule(lr=1e-3, warmup_tokens=0.2e9, tokens=20e9),
+    "1.3B": Schedule(lr=8e-4, warmup_tokens=0.3e9, tokens=30e9, arch_lr=(("transformer", 5e-4),)),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a recipe runs by default. gpus_per_node = processes per node (one task per GPU; CPU: processes)."""
+
+    nodes: int
+    gpus_per_node: int
+    gpu: str  # H100 / H200 / A100 / cpu (planner.GPU_MEMORY_GIB)
+    time: str  # Slurm --time of one job (the run requeues itself or is chained beyond it)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# Default layouts per scale (TP/PP/micro-batch are in the recipe; see LAYOUTS). All TP1 x PP1: at <= 1.3B a
+# whole replica fits one 80 GB GPU with selective recompute, so pure data parallelism with the distributed
+# optimizer is the fastest layout; nodes are chosen for wall time (about 4-8 hours per run).
+CLUSTERS = {
+    "130M": Cluster(nodes=1, gpus_per_node=8, gpu="H100", time="12:00:00"),
+    "340M": Cluster(nodes=1, gpus_per_node=8, gpu="H100", time="24:00:00"),
+    "760M": Cluster(nodes=2, gpus_per_node=8, gpu="H100", time="24:00:00"),
+    "1.3B": Cluster(nodes=4, gpus_per_node=8, gpu="H100", time="24:00:00"),
+    "debug": Cluster(nodes=1, gpus_per_node=2, gpu="cpu", time="00:10:00"),
+}
+LAYOUTS = {  # trainer flags: TP, PP, micro-batch (global batch 512 -> gradient accumulation = 512 / (mbs x DP))
+    "130M": dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, micro_batch_size=8),
+    "340M": dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, micro_batch_size=8),
+    "760M": dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, micro_batch_size=4),
+    "1.3B": dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, micro_batch_size=4),
+}
+
+
+def steps(tokens: float, global_batch: int = GLOBAL_BATCH, seq_length: int = SEQ_LENGTH) -> int:
+    """Optimizer steps that cover `tokens` (rounded up: the run sees at least its budget)."""
+    return math.ceil(tokens / (global_batch * seq_length))
+
+
+def paper(arch: str, scale: str) -> dict:
+    """The trainer arguments of `arch` at `scale` (the body of every grid recipe)."""
+    if arch not in ARCHS:
+        raise ValueError(f"no paper recipe for arch {arch!r}; implemented: {', '.join(ARCHS)}")
+    sched = SCHEDULES[scale]
+    lr = dict(sched.arch_lr).get(arch, sched.lr)
+    tokens_per_step = GLOBAL_BATCH * SEQ_LENGTH
+    out = base(lr=lr)
+    out.update(arch=arch, **PAPER_SCALES[scale], **LAYOUTS[scale],
+               seq_length=SEQ_LENGTH, global_batch_size=GLOBAL_BATCH, vocab_size=PAPER_VOCAB,
+               train_iters=steps(sched.tokens), lr_warmup_iters=round(sched.warmup_tokens / tokens_per_step),
+               rotary_base=10000, recompute_granularity="selective",
+               log_interval=10, eval_interval=250, eval_iters=10, save_interval=250)
+    return out
+
+
+def recipe_name(arch: str, scale: str) -> str:
+    """Grid entry -> recipe name: ('satformer', '760M') -> 'satformer_760M'; scale 'debug' -> 'debug_satformer'."""
+    return f"debug_{arch}" if scale == "debug" else f"{arch}_{scale}"
+
+
+def scale_of(name: str) -> Optional[str]:
+    """The scale a recipe name belongs to ('debug' for the debug recipes, None for others like 'demo')."""
+    if name.startswith("debug_"):
+        return "debug"
+    for scale in SCALES:
+        if name.endswith("_" + scale):
+            return scale
+    return None
+
+
+def cluster(name: str) -> dict:
+    """Default cluster layout of recipe `name`: nodes, gpus_per_node, gpu, time."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
+    return CLUSTERS.get(scale_of(name) or "debug").as_dict()
+
+
+# One small function per recipe (names with a dot need register("...")).
+@register()
+def transformer_130M():
+    return paper("transformer", "130M")
+
+
+@register()
+def resformer_130M():
+    return paper("resformer", "130M")
+
+
+@register()
+def satformer_130M():
+    return paper("satformer", "130M")
+
+
+@register()
+def transformer_340M():
+    return paper("transformer", "340M")
+
+
+@register()
+def resformer_340M():
+    return paper("resformer", "340M")
+
+
+@register()
+def satformer_340M():
+    return paper("satformer", "340M")
+
+
+@register()
+def transformer_760M():
+    return paper("transformer", "760M")
+
+
+@register()
+def resformer_760M():
+    return paper("resformer", "760M")
+
+
+@register()
+def satformer_760M():
+    return paper("satformer", "760M")
+
+
+@register("transformer_1.3B")
+def transformer_1p3B():
+    return paper("transformer", "1.3B")
+
+
+@register("resformer_1.3B")
+def resformer_1p3B():
+    return paper("resformer", "1.3B")
+
+
+@register("satformer_1.3B")
+def satformer_1p3B():
+    return paper("satformer", "1.3B")
+
+
+GRID = [recipe_name(a, s) for s in SCALES for a in ARCHS]

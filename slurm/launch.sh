@@ -1,0 +1,127 @@
+# Shared body of megatron-sat's sbatch scripts (sourced by train.sbatch, array.sbatch, profile.sbatch).
+#
+#   msat_init                       repo, site settings (slurm/site.sh or $MSAT_SITE), MASTER_ADDR/PORT
+#   msat_train RECIPE [FLAGS...]    one training run: run folder from the hyperparameters, resume, requeue
+#
+# Launch model: one task per GPU through srun (not one torchrun per node). Slurm then starts, tracks and
+# signals every rank itself: `scancel --signal` reaches each rank directly, --kill-on-bad-exit tears the step
+# down when any rank dies, no second rendezvous is needed (rank/world/local rank come from SLURM_PROCID,
+# SLURM_NTASKS, SLURM_LOCALID, which megatron_sat.train reads), and a container plugin (pyxis) wraps each
+# task the same way. torchrun's agent would sit between Slurm and the ranks and does not forward SIGUSR1.
+#
+# Time limit and preemption. The scripts carry `#SBATCH --signal=B:USR1@180 --requeue --open-mode=append`:
+#   1. 180 s before the limit Slurm sends USR1 to this batch shell; the trap forwards it to the training step
+#      (`scancel --signal=USR1 $SLURM_JOB_ID`: every rank), the trainer saves at the next step and exits 0;
+#   2. the shell sees an unfinished run that made progress and calls `scontrol requeue $SLURM_JOB_ID`; the
+#      job goes back to the queue with the same id (log appended) and resumes from the run folder (--load).
+#   SIGTERM (scancel, or preemption with PreemptMode=REQUEUE) reaches the ranks from Slurm directly; the
+#   trainer also saves on it, and the shell does not requeue (a cancel means stop; Slurm requeues preempted
+#   jobs itself). MSAT_REQUEUE=0 turns self-requeue off (tools/submit_grid.py --segments chains jobs instead).
+
+msat_die() { echo "megatron-sat slurm: error: $*" >&2; exit 2; }
+
+msat_init() {
+    MSAT_REPO=${MSAT_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
+    [ -f "$MSAT_REPO/megatron_sat/train.py" ] || msat_die "MSAT_REPO=$MSAT_REPO is not the megatron-sat repository (submit from the repository root or export MSAT_REPO)"
+    cd "$MSAT_REPO" || msat_die "cannot cd to $MSAT_REPO"
+    local site=${MSAT_SITE:-$MSAT_REPO/slurm/site.sh}
+    [ -f "$site" ] || msat_die "site settings $site not found"
+    # shellcheck disable=SC1090
+    source "$site"
+    msat_site_setup
+    # sbatch exports the submitting shell's environment: torchrun-style variables left there would give every
+    # task the same rank, so ranks come from Slurm only, and the master from this job's node list.
+    unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
+    local first
+    first=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(hostname)}" 2>/dev/null | head -n 1)
+    export MASTER_ADDR=${MSAT_MASTER_ADDR:-${first:-$(hostname)}}
+    export MASTER_PORT=${MSAT_MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}
+    export PYTHONPATH="$MSAT_REPO${PYTHONPATH:+:$PYTHONPATH}"
+    MSAT_SIGNAL=""
+    MSAT_STEP_PID=""
+    trap 'msat_on_usr1' USR1
+    MSAT_REQUEUED=0
+    trap '[ "$MSAT_REQUEUED" = 1 ] && exit 0; MSAT_SIGNAL=${MSAT_SIGNAL:-TERM}; echo "megatron-sat slurm: SIGTERM (cancel or preemption) at $(date +%T)"' TERM
+}
+
+msat_on_usr1() {
+    MSAT_SIGNAL=USR1
+    echo "megatron-sat slurm: USR1 at $(date +%T) (time limit near): asking every rank to checkpoint and exit"
+    if [ -n "$MSAT_STEP_PID" ]; then
+        scancel --signal=USR1 "$SLURM_JOB_ID" 2>/dev/null || kill -USR1 "$MSAT_STEP_PID" 2>/dev/null
+    fi
+}
+
+msat_tracker() {  # latest complete checkpoint iteration of run folder $1 (0 when none)
+    local it
+    it=$(cat "$1/latest_checkpointed_iteration.txt" 2>/dev/null) || it=0
+    echo "${it:-0}"
+}
+
+msat_wait_step() {  # wait for the background step, surviving trap interruptions; sets MSAT_RC
+    while :; do
+        wait "$MSAT_STEP_PID"
+        MSAT_RC=$?
+        if [ "$MSAT_RC" -gt 128 ] && kill -0 "$MSAT_STEP_PID" 2>/dev/null; then continue; fi
+        break
+    done
+    MSAT_STEP_PID=""
+}
+
+msat_train() {
+    [ $# -ge 1 ] || msat_die "usage: msat_train RECIPE [trainer flags...]"
+    local recipe=$1
+    shift
+    local resolved
+    resolved=$("$MSAT_PYTHON" "$MSAT_REPO/tools/submit_grid.py" --resolve "$recipe" -- "$@") || msat_die "cannot resolve recipe $recipe $*"
+    local RUN_NAME TRAIN_ITERS NEEDS_DATA
+    eval "$resolved"
+    local run_dir=${MSAT_RUN_DIR:-$MSAT_RUNS/$RUN_NAME}
+    mkdir -p "$run_dir" || msat_die "cannot create $run_dir"
+    local start
+    start=$(msat_tracker "$run_dir")
+    if [ "$start" -ge "$TRAIN_ITERS" ]; then
+        echo "megatron-sat slurm: $run_dir is complete ($start/$TRAIN_ITERS steps); nothing to do"
+        return 0
+    fi
+    local extra=()
+    if [ "$NEEDS_DATA" = 1 ]; then
+        [ -n "$MSAT_DATA_PATH" ] || msat_die "recipe $recipe needs data: set MSAT_DATA_PATH and MSAT_TOKENIZER in slurm/site.sh (or pass --data-path/--mock-data)"
+        extra+=(--data-path "$MSAT_DATA_PATH")
+        [ -n "$MSAT_TOKENIZER" ] && extra+=(--tokenizer-model "$MSAT_TOKENIZER")
+    fi
+    [ -n "$MSAT_WANDB_PROJECT" ] && extra+=(--wandb-project "$MSAT_WANDB_PROJECT" --wandb-exp-name "$RUN_NAME")
+    echo "megatron-sat slurm: job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_TASK_ID:+ (array ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})}" \
+         "restart ${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST:-?}, ${SLURM_NTASKS:-1} tasks, master $MASTER_ADDR:$MASTER_PORT"
+    echo "megatron-sat slurm: run $run_dir from step $start of $TRAIN_ITERS"
+    local cmd=("$MSAT_PYTHON" -m megatron_sat.train --recipe "$recipe" "$@" "${extra[@]}"
+               --save "$run_dir" --load "$run_dir" --no-progress-bar)
+    echo "megatron-sat slurm: srun ${cmd[*]}"
+    # shellcheck disable=SC2086
+    srun --kill-on-bad-exit=1 --export=ALL $MSAT_SRUN_EXTRA "${cmd[@]}" &
+    MSAT_STEP_PID=$!
+    msat_wait_step
+    local rc=$MSAT_RC now
+    now=$(msat_tracker "$run_dir")
+    if [ "$now" -ge "$TRAIN_ITERS" ]; then
+        echo "megatron-sat slurm: run complete ($now/$TRAIN_ITERS steps) in $run_dir"
+        return 0
+    fi
+    if [ "$rc" -ne 0 ]; then
+        echo "megatron-sat slurm: training exited $rc at checkpoint $now/$TRAIN_ITERS; not requeueing" >&2
+        return "$rc"
+    fi
+    echo "megatron-sat slurm: stopped at checkpoint $now/$TRAIN_ITERS (${MSAT_SIGNAL:-no signal})"
+    if [ "$MSAT_SIGNAL" = TERM ]; then
+        return 0
+    fi
+    if [ "${MSAT_REQUEUE:-1}" = 1 ] && [ "$now" -gt "$start" ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$MSAT_MAX_RESTARTS" ]; then
+        echo "megatron-sat slurm: requeueing job $SLURM_JOB_ID to continue from step $now"
+        MSAT_REQUEUED=1
+        scontrol requeue "$SLURM_JOB_ID" || msat_die "scontrol requeue $SLURM_JOB_ID failed"
+        sleep 5  # the requeue ends this allocation; do not report a state before it does
+        return 0
+    fi
+    echo "megatron-sat slurm: not requeueing (MSAT_REQUEUE=${MSAT_REQUEUE:-1}, restarts ${SLURM_RESTART_COUNT:-0}, progress $start -> $now)"
+    return 0
+}

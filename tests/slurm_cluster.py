@@ -1,0 +1,422 @@
+"""A private single-node Slurm cluster for tests: Debian's munge, slurmctld and slurmd under a temp folder.
+
+    from slurm_cluster import SlurmCluster
+    with SlurmCluster() as cluster:                 # installs the Debian packages when absent (root)
+        job = cluster.sbatch(["--ntasks=2", "--wrap", "srun hostname"], cwd="/tmp")
+        assert cluster.wait(job) == "COMPLETED"
+
+Standalone (start, print how to use it, stop on Enter):
+    .venv/bin/python tests/slurm_cluster.py
+
+What it does (the recipe of shared/reference/cpu-machines.md, "A real Slurm on one machine"):
+  * `apt-get install slurmctld slurmd slurm-client munge` only when a binary is missing; raises
+    SlurmUnavailable (tests skip with its reason) only when apt-get cannot reach the package registry.
+  * munged runs as the munge user with its own key, socket, pid, log and seed files in ROOT/munge; Slurm
+    is pointed at that socket (AuthInfo=socket=...), so a system munged (if any) is neither used nor touched.
+  * slurmctld and slurmd run in the foreground (-D) as our children with SLURM_CONF=ROOT/slurm.conf, on free
+    ports, with state/spool/log/pid folders under ROOT; ProctrackType=proctrack/linuxproc,
+    TaskPlugin=task/none, SelectType=select/cons_tres + CR_Core, the node line from `slurmd -C`, one
+    partition `debug`; cred_expire=10 and sched_interval=2 so that a requeued job starts again after ~10 s
+    (Slurm's default holds it 120 s). No accounting (no sacct): job states come from `scontrol show job`.
+  * stop(): cancels every job, waits for the job steps to go, kills any slurmstepd still serving this
+    cluster, then stops slurmd, slurmctld and munged (the processes it started, by pid) and removes ROOT
+    unless keep=True. It runs from __exit__ and from an atexit hook, so daemons never outlive the tests.
+"""
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "munged": "munge"}
+SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+            "PREEMPTED"}
+STUCK = {"PartitionConfig", "BadConstraints", "PartitionTimeLimit", "PartitionNodeLimit", "InvalidAccount",
+         "InvalidQOS", "ReqNodeNotAvail", "JobHeldAdmin", "JobHeldUser", "DependencyNeverSatisfied"}
+_NETWORK_ERRORS = ("Temporary failure resolving", "Could not resolve", "Failed to fetch", "Unable to connect",
+                   "Connection failed", "Network is unreachable", "Unable to fetch some archives",
+                   "No route to host", "Connection timed out")
+
+
+class SlurmUnavailable(RuntimeError):
+    """Slurm is absent and cannot be installed because the package registry is unreachable (or not root)."""
+
+
+def _which(name: str) -> Optional[str]:
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in SBIN:
+        path = os.path.join(folder, name)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def ensure_installed(log=print) -> None:
+    """apt-get install the Debian Slurm and munge packages whose binaries are missing."""
+    missing = sorted({pkg for binary, pkg in PACKAGES.items() if _which(binary) is None})
+    if not missing:
+        return
+    if os.geteuid() != 0 or _which("apt-get") is None:
+        raise SlurmUnavailable(f"Slurm packages {missing} are absent and cannot be installed here "
+                               "(needs root and apt-get)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    log(f"slurm_cluster: installing {' '.join(missing)} with apt-get (once per machine) ...")
+    lock = ["-o", "DPkg::Lock::Timeout=300"]  # wait for another apt/dpkg instead of failing
+    update = subprocess.run(["apt-get", *lock, "update", "-q"], env=env, capture_output=True, text=True, timeout=600)
+    out = update.stdout + update.stderr
+    install = subprocess.run(["apt-get", *lock, "install", "-y", "-q", "--no-install-recommends", *missing], env=env,
+                             capture_output=True, text=True, timeout=1200)
+    out += install.stdout + install.stderr
+    if install.returncode != 0:
+        if any(marker in out for marker in _NETWORK_ERRORS):
+            raise SlurmUnavailable("apt-get cannot reach the Debian package registry to install "
+                                   f"{' '.join(missing)}:\n{out[-1500:]}")
+        raise RuntimeError(f"apt-get install {' '.join(missing)} failed (exit {install.returncode}):\n{out[-4000:]}")
+    still = sorted({pkg for binary, pkg in PACKAGES.items() if _which(binary) is None})
+    if still:
+        raise RuntimeError(f"apt-get installed the packages but {still} binaries are still missing:\n{out[-2000:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_line() -> str:
+    """`slurmd -C`'s NodeName line (real CPUs, sockets, cores, threads, memory)."""
+    out = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True, timeout=60).stdout
+    line = next(x for x in out.splitlines() if x.startswith("NodeName="))
+    return line.strip()
+
+
+class SlurmCluster:
+    """One controller + one compute node on this machine. Use as a context manager (or start()/stop())."""
+
+    def __init__(self, root: Optional[str] = None, keep: bool = False, log=print):
+        self.root = root
+        self.keep = keep
+        self.log = log
+        self.procs: Dict[str, subprocess.Popen] = {}
+        self.node = None
+        self.partition = "debug"
+        self._stepd_before = set()
+        self._started = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    @property
+    def conf(self) -> str:
+        return os.path.join(self.root, "slurm.conf")
+
+    def env(self, base: Optional[dict] = None) -> dict:
+        """Environment for Slurm commands against this cluster (sbatch, squeue, scontrol, scancel)."""
+        env = dict(os.environ if base is None else base)
+        env["SLURM_CONF"] = self.conf
+        for key in [k for k in env if k.startswith(("SBATCH_", "SRUN_", "SALLOC_"))
+                    or k in ("SLURM_JOB_ID", "SLURM_JOBID")]:
+            env.pop(key)  # an outer allocation's settings must not leak into this cluster's jobs
+        return env
+
+    def start(self, timeout: float = 60.0) -> "SlurmCluster":
+        ensure_installed(self.log)
+        if self.root is None:
+            self.root = tempfile.mkdtemp(prefix="megatron-sat-slurm-")
+        os.chmod(self.root, 0o755)  # the munge user must reach ROOT/munge
+        for sub in ("state", "spool", "log", "run"):
+            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+        self._stepd_before = set(self._stepd_pids())
+        atexit.register(self.stop)
+        self._started = True
+        try:
+            self._start_munge()
+            self._write_conf()
+            env = self.env()
+            self.procs["slurmctld"] = subprocess.Popen(
+                [_which("slurmctld"), "-D", "-i", "-f", self.conf], env=env,
+                stdout=open(os.path.join(self.root, "log", "slurmctld.stdout"), "w"), stderr=subprocess.STDOUT,
+                start_new_session=True)
+            self._wait_for(lambda: self._ok(["scontrol", "ping"], "UP"), timeout, "slurmctld to answer")
+            self.procs["slurmd"] = subprocess.Popen(
+                [_which("slurmd"), "-D", "-f", self.conf, "-N", self.node], env=env,
+                stdout=open(os.path.join(self.root, "log", "slurmd.stdout"), "w"), stderr=subprocess.STDOUT,
+                start_new_session=True)
+            self._wait_for(self._node_idle, timeout, f"node {self.node} to become idle")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        try:
+            if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
+                subprocess.run(["scancel", "--full", "--quiet", "--user", "root"] if os.geteuid() == 0
+                               else ["scancel", "--full", "--quiet", "--me"], env=self.env(),
+                               capture_output=True, timeout=30)
+                deadline = time.time() + 40
+                while time.time() < deadline and self._squeue_ids():
+                    time.sleep(0.5)
+        except Exception:  # noqa: BLE001 - teardown must go on
+            pass
+        for pid in set(self._stepd_pids()) - self._stepd_before:  # job steps still serving this cluster
+            _kill_tree(pid)
+        deadline = time.time() + 10
+        while time.time() < deadline and set(self._stepd_pids()) - self._stepd_before:
+            time.sleep(0.2)
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                _stop_process(proc)
+        try:
+            atexit.unregister(self.stop)
+        except Exception:  # noqa: BLE001
+            pass
+        if not self.keep and self.root and os.path.isdir(self.root):
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ---------------------------------------------------------------- set-up details
+    def _start_munge(self) -> None:
+        mdir = os.path.join(self.root, "munge")
+        os.makedirs(mdir, exist_ok=True)
+        key = os.path.join(mdir, "munge.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+        import pwd
+
+        pw = pwd.getpwnam("munge")
+        for path in (mdir, key):
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+        os.chmod(mdir, 0o755)  # munged wants its socket folder executable by all; the key stays 0600
+        os.chmod(key, 0o600)
+        self.munge_socket = os.path.join(mdir, "munge.socket")
+        cmd = [_which("munged"), "--foreground", f"--key-file={key}", f"--socket={self.munge_socket}",
+               f"--pid-file={mdir}/munged.pid", f"--log-file={mdir}/munged.log", f"--seed-file={mdir}/munged.seed"]
+        if os.geteuid() == 0:  # munged refuses to run as root: drop to the munge user (setpriv execs, no fork)
+            cmd = [_which("setpriv"), f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", *cmd]
+        self.procs["munged"] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                                start_new_session=True)
+        self._wait_for(lambda: os.path.exists(self.munge_socket) or self.procs["munged"].poll() is not None,
+                       20, "munged's socket")
+        if self.procs["munged"].poll() is not None:
+            raise RuntimeError(f"munged exited: {self.procs['munged'].stderr.read().decode()[-2000:]}")
+
+    def _write_conf(self) -> None:
+        node = _node_line()
+        fields = dict(re.findall(r"(\w+)=(\S+)", node))
+        self.node = fields["NodeName"]
+        self.cpus = int(fields.get("CPUs", "1"))
+        threads = int(fields.get("ThreadsPerCore", "1"))
+        r = self.root
+        lines = [
+            "ClusterName=msat",
+            f"SlurmctldHost={self.node}(127.0.0.1)",
+            f"SlurmctldPort={_free_port()}",
+            f"SlurmdPort={_free_port()}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # cred_expire is also how long a requeued job waits before it may start again (default 120 s)
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={r}/spool",
+            f"SlurmctldPidFile={r}/run/slurmctld.pid",
+            f"SlurmdPidFile={r}/run/slurmd.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            f"SelectTypeParameters={'CR_Core' if threads == 1 else 'CR_CPU'}",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=2,bf_interval=2",  # pick up requeued jobs within seconds
+            "MpiDefault=none",
+            "ReturnToService=2",
+            "JobRequeue=1",
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "JobCompType=jobcomp/none",
+            "MinJobAge=600",  # finished jobs stay visible to scontrol for 10 minutes
+            "KillWait=10",
+            "InactiveLimit=0",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=60",
+            "MessageTimeout=20",
+            f"{node} NodeAddr=127.0.0.1 State=UNKNOWN",
+            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+        ]
+        with open(self.conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def _ok(self, cmd: List[str], needle: str) -> bool:
+        try:
+            out = subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            return False
+        return out.returncode == 0 and needle in out.stdout
+
+    def _node_idle(self) -> bool:
+        try:
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env(), capture_output=True,
+                                 text=True, timeout=10).stdout
+        except subprocess.TimeoutExpired:
+            return False
+        return out.strip().startswith("idle")
+
+    def _wait_for(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for {what}; "
+                                       f"logs in {self.root}/log:\n{self.tail_logs()}")
+            if predicate():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}:\n{self.tail_logs()}")
+
+    def _stepd_pids(self) -> List[int]:
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if cmd and os.path.basename(cmd[0]).startswith(b"slurmstepd"):
+                if self.root is None or self._belongs_to_us(int(entry)):
+                    pids.append(int(entry))
+        return pids
+
+    def _belongs_to_us(self, pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return f"SLURM_CONF={self.conf}".encode() in f.read().split(b"\0")
+        except OSError:
+            return False
+
+    def _squeue_ids(self) -> List[str]:
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env(), capture_output=True, text=True,
+                             timeout=10).stdout
+        return out.split()
+
+    # ---------------------------------------------------------------- using it
+    def run(self, cmd: List[str], cwd: Optional[str] = None, env: Optional[dict] = None, timeout: float = 120,
+            check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run(cmd, cwd=cwd, env=self.env(env), capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def sbatch(self, args: List[str], cwd: Optional[str] = None, env: Optional[dict] = None) -> str:
+        """Submit; returns the job id."""
+        out = self.run(["sbatch", "--parsable", *args], cwd=cwd, env=env).stdout.strip()
+        return out.split(";")[0]
+
+    def job(self, job_id: str) -> List[Dict[str, str]]:
+        """`scontrol show job -o` records (one per array task) as dicts; [] when the job is unknown."""
+        proc = self.run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        if proc.returncode != 0:
+            return []
+        records = []
+        for line in proc.stdout.splitlines():
+            if line.strip():
+                records.append(dict(re.findall(r"(\w+(?::\w+)?)=(\S*)", line)))
+        return records
+
+    def states(self, job_id: str) -> List[str]:
+        return [r.get("JobState", "?") for r in self.job(job_id)]
+
+    def wait(self, job_id: str, timeout: float = 300, poll: float = 0.5) -> str:
+        """Wait until every task of the job is in a terminal state; returns the state (the worst one for arrays)."""
+        deadline = time.time() + timeout
+        states = []
+        while time.time() < deadline:
+            records = self.job(job_id)
+            states = [r.get("JobState", "?") for r in records]
+            stuck = [r.get("Reason") for r in records if r.get("JobState") == "PENDING" and r.get("Reason") in STUCK]
+            if stuck:
+                raise RuntimeError(f"job {job_id} can never start here (pending: {stuck[0]}): {records[0]}")
+            if states and all(s in TERMINAL for s in states) and not any(
+                    r.get("ArrayTaskId", "").startswith("[") or "-" in r.get("ArrayTaskId", "")
+                    for r in records):  # a pending array remainder like [1-3] is not finished
+                bad = [s for s in states if s != "COMPLETED"]
+                return bad[0] if bad else "COMPLETED"
+            time.sleep(poll)
+        raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {states})\n{self.tail_logs()}")
+
+    def tail_logs(self, chars: int = 3000) -> str:
+        out = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            path = os.path.join(self.root or "", "log", name)
+            if os.path.isfile(path):
+                with open(path, errors="replace") as f:
+                    out.append(f"--- {name}\n{f.read()[-chars:]}")
+        return "\n".join(out)
+
+
+def _stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (found through /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(children.get(p, []))
+    for p in seen:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    with SlurmCluster() as c:
+        print(f"cluster up: node {c.node} ({c.cpus} CPUs), partition {c.partition}\n"
+              f"  export SLURM_CONF={c.conf}\nPress Enter to stop it.")
+        try:
+            input()
+        except EOFError:
+            pass

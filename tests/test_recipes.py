@@ -1,0 +1,197 @@
+"""The paper-grid recipes (recipes/paper.py), the layout planner (megatron_sat/parallel/planner.py) and the
+Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py), no cluster needed.
+
+    .venv/bin/python -m pytest -q tests/test_recipes.py        # about a minute on 2 cores
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from megatron_sat.parallel.planner import estimate_memory, load_recipes, plan_recipe
+from megatron_sat.training.arguments import build_parser, parse_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+recipes = load_recipes()
+from recipes import paper  # noqa: E402  (registered by load_recipes)
+
+TOKENS_PER_STEP = 512 * 4096
+
+
+def _tool(*args, expect=0):
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_grid_is_registered_with_trainer_arguments_only():
+    assert paper.GRID == [f"{a}_{s}" for s in ("130M", "340M", "760M", "1.3B")
+                          for a in ("transformer", "resformer", "satformer")]
+    dests = {a.dest for a in build_parser()._actions}
+    for name in paper.GRID:
+        values = recipes.get(name)
+        assert set(values) <= dests, (name, set(values) - dests)
+    for arch in paper.NOT_IMPLEMENTED:  # no recipe may name an arch the trainer refuses
+        assert not [n for n in recipes.RECIPES if n.startswith(arch)]
+    assert {"debug_transformer", "debug_resformer", "debug_satformer"} <= set(recipes.RECIPES)
+
+
+@pytest.mark.parametrize("scale, lr, warmup, iters", [("130M", 2e-3, 24, 2385), ("340M", 1.5e-3, 48, 4769),
+                                                      ("760M", 1e-3, 95, 9537), ("1.3B", 8e-4, 143, 14306)])
+def test_schedule_from_the_paper(scale, lr, warmup, iters):
+    sched = paper.SCHEDULES[scale]
+    for arch in paper.ARCHS:
+        r = recipes.get(f"{arch}_{scale}")
+        expected_lr = 5e-4 if (arch, scale) == ("transformer", "1.3B") else lr  # the authors' Transformer xl
+        assert r["lr"] == expected_lr and r["min_lr"] == pytest.approx(0.1 * expected_lr)
+        assert r["global_batch_size"] * r["seq_length"] == TOKENS_PER_STEP  # "about 2M tokens per step"
+        assert r["train_iters"] == iters and (iters - 1) * TOKENS_PER_STEP < sched.tokens <= iters * TOKENS_PER_STEP
+        assert r["lr_warmup_iters"] == warmup == round(sched.warmup_tokens / TOKENS_PER_STEP)
+        assert (r["adam_beta1"], r["adam_beta2"], r["weight_decay"], r["clip_grad"]) == (0.9, 0.95, 0.1, 1.0)
+        assert r["lr_decay_style"] == "cosine" and r["vocab_size"] == 32000 and r["rotary_base"] == 10000
+
+
+def test_author_config_defects_are_fixed():
+    for name in paper.GRID:
+        r = recipes.get(name)
+        assert r["hidden_size"] % r["num_attention_heads"] == 0, name  # SATFormer xl had 24 heads at 2048
+        assert r["num_query_groups"] == r["num_attention_heads"], name  # Transformer medium had 4 KV heads
+    assert recipes.get("satformer_1.3B")["num_attention_heads"] == 32
+    shapes = {s: {tuple(sorted((k, v) for k, v in recipes.get(f"{a}_{s}").items() if k not in ("arch", "lr", "min_lr")))
+                  for a in paper.ARCHS} for s in paper.SCALES}
+    assert all(len(v) == 1 for s, v in shapes.items() if s != "1.3B")  # archs differ only in arch (and xl lr)
+
+
+def test_recipe_runs_through_the_trainer_parser_with_overrides(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    args = parse_args(["--recipe", "satformer_760M", "--mock-data", "--tensor-model-parallel-size", "2",
+                       "--micro-batch-size", "2", "--lr", "5e-4"])
+    assert (args.arch, args.num_layers, args.hidden_size, args.train_iters) == ("satformer", 19, 1536, 9537)
+    assert (args.tensor_model_parallel_size, args.micro_batch_size, args.lr) == (2, 2, 5e-4)
+
+
+def test_every_recipe_has_a_valid_default_layout():
+    for name in paper.GRID:
+        plan = plan_recipe(name)
+        assert plan.ok, plan.format()
+        c = paper.cluster(name)
+        assert plan.world_size == c["nodes"] * c["gpus_per_node"] and plan.gpu == c["gpu"]
+        assert plan.micro_batch_size * plan.dp * plan.num_microbatches == plan.global_batch_size == 512
+        assert 5 < plan.memory["total"] < 0.9 * 80, plan.format()
+        assert plan.gpu_hours > 0 and "status    OK" in plan.format()
+    assert paper.cluster("debug_satformer")["gpu"] == "cpu"
+
+
+def test_planner_rejects_bad_layouts():
+    cases = [
+        (["--tensor-model-parallel-size", "5"], "num_attention_heads=24 is not divisible by TP=5"),
+        (["--pipeline-model-parallel-size", "2"], "num_layers=19 is not divisible by PP = 2"),
+        (["--micro-batch-size", "3"], "global batch 512 is not divisible by micro-batch x DP = 3 x 16"),
+        (["--micro-batch-size", "32"], "exceeds 90% of the H100's 80 GiB"),
+    ]
+    for overrides, message in cases:
+        plan = plan_recipe("satformer_760M", overrides)
+        assert not plan.ok and any(message in e for e in plan.errors), (overrides, plan.errors)
+    assert not plan_recipe("satformer_130M", ["--pipeline-model-parallel-size", "4"], nodes=1).ok  # 11 layers
+    big = plan_recipe("satformer_1.3B", ["--micro-batch-size", "8"], nodes=2)
+    assert not big.ok and plan_recipe("satformer_1.3B", ["--micro-batch-size", "8"], nodes=2, gpu="H200").ok
+    assert plan_recipe("satformer_1.3B", ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size",
+                                          "2", "--sequence-parallel"], nodes=1).ok
+
+
+def test_memory_model_behaves():
+    from megatron_sat.model.config import make_config
+    from megatron_sat.model.sizes import PAPER_SCALES
+    from megatron_sat.parallel.layout import Layout
+
+    sat, tr = (make_config(a, **PAPER_SCALES["760M"]) for a in ("satformer", "transformer"))
+    kw = dict(dp=8, micro_batch_size=4, num_microbatches=16, seq_length=4096, vocab_size=32000)
+    base = estimate_memory(sat, Layout(), **kw)
+    assert estimate_memory(tr, Layout(), **kw)["v1"] == 0 < base["v1"]
+    assert estimate_memory(sat, Layout(), **dict(kw, micro_batch_size=8))["activations"] > 1.9 * base["activations"] / 2
+    no_dist = estimate_memory(sat, Layout(), distributed_optimizer=False, **kw)
+    assert no_dist["optimizer"] == pytest.approx(8 * base["optimizer"], rel=1e-6)  # sharded over DP 8
+    assert estimate_memory(sat, Layout(), recompute=None, **kw)["activations"] > 2 * base["activations"]
+    full = estimate_memory(sat, Layout(), recompute="full", **kw)["activations"]
+    assert full < base["activations"]
+    tp2 = estimate_memory(sat, Layout(tp=2, sp=True), **kw)
+    assert tp2["activations"] == pytest.approx(base["activations"] / 2, rel=1e-6)
+    assert tp2["weights"] < 0.51 * base["weights"]
+    one_f_one_b = estimate_memory(make_config("satformer", **dict(PAPER_SCALES["760M"], num_layers=20)),
+                                  Layout(pp=4), **kw)
+    assert one_f_one_b["in_flight"] == 4  # stage 0 holds PP micro-batches
+    inter = estimate_memory(make_config("satformer", **dict(PAPER_SCALES["760M"], num_layers=20)),
+                            Layout(pp=4, vpp=5), **kw)
+    assert inter["in_flight"] == pytest.approx(4 * (1 + 3 / 20))
+
+
+def test_run_names_follow_the_hyperparameters():
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("submit_grid", os.path.join(ROOT, "tools", "submit_grid.py"))
+    sg = module_from_spec(spec)
+    spec.loader.exec_module(sg)
+    _, name = sg.resolve("satformer_760M")
+    assert name == "satformer_760M_lr0.001_gbs512_seq4096_it9537_s1234"
+    assert sg.resolve("satformer_760M", ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2",
+                                         "--save-interval", "100"])[1] == name  # layout/cadence: same run
+    assert sg.resolve("satformer_760M", ["--seed", "7", "--lr", "2e-3"])[1] == \
+        "satformer_760M_lr0.002_gbs512_seq4096_it9537_s7"
+    gated = sg.resolve("satformer_760M", ["--value-residual-gate", "sigmoid"])[1]
+    assert re.fullmatch(name + r"_[0-9a-f]{8}", gated)
+    out = _tool("tools/submit_grid.py", "--resolve", "debug_resformer", "--", "--train-iters", "7")
+    assert "TRAIN_ITERS=7" in out and "NEEDS_DATA=0" in out
+    assert "NEEDS_DATA=1" in _tool("tools/submit_grid.py", "--resolve", "satformer_130M")
+
+
+def test_plan_layout_cli():
+    out = _tool("tools/plan_layout.py", "--recipe", "satformer_1.3B")
+    assert "TP1xPP1xDP32" in out and "status    OK" in out and "GPU hours" in out
+    out = _tool("tools/plan_layout.py", "--recipe", "satformer_1.3B", "--nodes", "1", "--micro-batch-size", "16",
+                expect=1)
+    assert "exceeds 90%" in out
+
+
+def test_submit_grid_dry_run_prints_table_and_sbatch_lines():
+    out = _tool("tools/submit_grid.py", "--dry-run", "--seeds", "1,2", "--segments", "2")
+    rows = [line for line in out.splitlines() if re.match(r"(transformer|resformer|satformer)_", line)]
+    assert len(rows) == 24  # 3 archs x 4 scales x 2 seeds
+    sbatch = [line for line in out.splitlines() if line.startswith("sbatch ")]
+    assert len(sbatch) == 8  # one array per scale, 2 chained segments each
+    assert all("slurm/array.sbatch" in s and "--array=0-5" in s and "--gpus-per-node=8" in s for s in sbatch)
+    assert sum("--dependency=afterany:" in s for s in sbatch) == 4
+    assert all("MSAT_REQUEUE=0" in s for s in sbatch)
+    assert "--nodes=4" in sbatch[-1] and "GPU hours in all" in out
+
+
+def test_sbatch_scripts():
+    for script in ("train.sbatch", "array.sbatch", "profile.sbatch", "launch.sh", "site.sh"):
+        subprocess.run(["bash", "-n", os.path.join(ROOT, "slurm", script)], check=True)
+    train = open(os.path.join(ROOT, "slurm", "train.sbatch")).read()
+    array = open(os.path.join(ROOT, "slurm", "array.sbatch")).read()
+    for text in (train, array):
+        assert "#SBATCH --requeue" in text and "#SBATCH --signal=B:USR1@" in text
+        assert "#SBATCH --open-mode=append" in text
+    assert "#SBATCH --output=logs/%x-%j.out" in train and "#SBATCH --output=logs/%x-%A_%a.out" in array
+
+
+def test_paper_recipe_trains_through_the_trainer(tmp_path):
+    """A paper recipe, shrunk, through the trainer's command line (CPU, mock data, 2 steps)."""
+    shrink = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "4",
+              "--ffn-hidden-size", "128", "--seq-length", "32", "--global-batch-size", "4", "--micro-batch-size", "2",
+              "--vocab-size", "256", "--train-iters", "2", "--lr-warmup-iters", "1", "--log-interval", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", "--recipe", "resformer_340M", "--mock-data", *shrink,
+                           "--save", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+
+    config = json.load(open(tmp_path / "config.json"))
+    assert (config["recipe"], config["arch"], config["lr"], config["recompute_granularity"]) == \
+        ("resformer_340M", "resformer", 1.5e-3, "selective")
+    assert (tmp_path / "iter_0000002").is_dir()

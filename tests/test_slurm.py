@@ -1,0 +1,186 @@
+"""The project's Slurm scripts on a real Slurm: a private single-node cluster (tests/slurm_cluster.py: Debian's
+munge, slurmctld, slurmd, installed with apt-get when absent) running the real trainer on CPU (gloo, 2 tasks).
+
+    .venv/bin/python -m pytest -q -ra tests/test_slurm.py          # about 3-4 minutes on 2 cores
+
+  * the cluster is stopped cleanly even with a job still running (its own small cluster);
+  * slurm/train.sbatch runs debug_satformer with srun -n 2 -> COMPLETED, the loss falls, a checkpoint exists;
+  * tools/submit_grid.py --submit runs a 2-entry job array (debug_transformer, debug_resformer) -> both finish;
+  * preemption: USR1 to the batch shell (what --signal=B:USR1@180 sends before the time limit) -> the trainer
+    checkpoints, the job requeues itself, resumes from the checkpoint and finishes at the right step.
+Skipped (with the reason) only when Slurm is absent and apt-get cannot reach the package registry.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurm_cluster import SlurmCluster, SlurmUnavailable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _start(cluster: SlurmCluster) -> SlurmCluster:
+    try:
+        return cluster.start()
+    except SlurmUnavailable as e:
+        pytest.skip(f"no Slurm: {e}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = SlurmCluster()
+    _start(c)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A CPU site file (no GPUs, 1 CPU per task, runs and logs in a temp folder) over slurm/site.sh."""
+    d = tmp_path_factory.mktemp("slurm-site")
+    runs, logs = d / "runs", d / "logs"
+    logs.mkdir()
+    path = d / "site.sh"
+    path.write_text(f"MSAT_GPUS=0\nMSAT_CPUS_PER_TASK=1\nMSAT_RUNS={runs}\nMSAT_LOGS={logs}\n"
+                    f"MSAT_PYTHON={sys.executable}\nsource {ROOT}/slurm/site.sh\n")
+    env = dict(os.environ, MSAT_SITE=str(path), MSAT_REPO=ROOT, OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return dict(path=str(path), runs=str(runs), logs=str(logs), env=env)
+
+
+def run_dir(site, recipe, *flags) -> str:
+    """The run folder slurm/launch.sh derives (through the same tools/submit_grid.py --resolve)."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "submit_grid.py"), "--resolve", recipe, "--",
+                          *flags], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    name = re.search(r"^RUN_NAME=(\S+)$", out, re.M).group(1).strip("'")
+    return os.path.join(site["runs"], name)
+
+
+def metrics(folder):
+    path = os.path.join(folder, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def tracker(folder):
+    path = os.path.join(folder, "latest_checkpointed_iteration.txt")
+    return int(open(path).read()) if os.path.isfile(path) else None
+
+
+def read(path):
+    return open(path, errors="replace").read() if os.path.isfile(path) else f"<no file {path}>"
+
+
+def sbatch_train(cluster, site, name, recipe, *flags):
+    return cluster.sbatch(["--ntasks=2", "--cpus-per-task=1", "--time=15", f"--job-name={name}",
+                           f"--output={site['logs']}/%x-%j.out", "slurm/train.sbatch", recipe, *flags],
+                          cwd=ROOT, env=site["env"])
+
+
+def test_cluster_stops_cleanly_with_a_running_job():
+    c = _start(SlurmCluster())
+    try:
+        job = c.sbatch(["--ntasks=1", "--output=/dev/null", "--wrap", "srun sleep 300"], cwd="/tmp")
+        deadline = time.time() + 120
+        while not (c.states(job) == ["RUNNING"] and c._stepd_pids()) and time.time() < deadline:
+            time.sleep(0.3)
+        assert c.states(job) == ["RUNNING"] and c._stepd_pids(), (c.states(job), c.tail_logs())
+        procs = list(c.procs.values())
+        root = c.root
+    finally:
+        c.stop()
+    assert all(p.poll() is not None for p in procs), "daemons still running"
+    deadline = time.time() + 15
+    while c._stepd_pids() and time.time() < deadline:  # SIGKILLed job steps vanish
+        time.sleep(0.2)
+    assert not c._stepd_pids(), "slurmstepd left behind"
+    assert not os.path.exists(root)
+
+
+def test_train_sbatch_debug_recipe(cluster, site):
+    job = sbatch_train(cluster, site, "msat-debug", "debug_satformer", "--train-iters", "20")
+    state = cluster.wait(job, timeout=600)
+    log = read(f"{site['logs']}/msat-debug-{job}.out")
+    assert state == "COMPLETED", log
+    folder = run_dir(site, "debug_satformer", "--train-iters", "20")
+    losses = [m["loss"] for m in metrics(folder) if "loss" in m]
+    assert len(losses) >= 2 and losses[-1] < losses[0], (losses, log)
+    assert tracker(folder) == 20 and os.path.isdir(os.path.join(folder, "iter_0000020")), log
+    config = json.load(open(os.path.join(folder, "config.json")))
+    assert config["world_size"] == 2 and config["arch"] == "satformer"
+    assert "run complete (20/20 steps)" in log and "srun" in log
+
+
+def test_submit_grid_job_array(cluster, site):
+    proc = subprocess.run([sys.executable, "tools/submit_grid.py", "--archs", "transformer,resformer", "--scales",
+                           "debug", "--submit", "--", "--train-iters", "10"],
+                          cwd=ROOT, env=cluster.env(site["env"]), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "debug_transformer" in proc.stdout and "debug_resformer" in proc.stdout  # the table
+    job = re.search(r"submitted array job (\d+): 2 task", proc.stdout).group(1)
+    state = cluster.wait(job, timeout=900)
+    logs = [read(f"{site['logs']}/msat-debug-{job}_{i}.out") for i in (0, 1)]
+    assert state == "COMPLETED", "\n".join(logs)
+    assert len(cluster.states(job)) == 2
+    for arch, log in zip(("transformer", "resformer"), logs):
+        folder = run_dir(site, f"debug_{arch}", "--train-iters", "10", "--seed", "1234")
+        assert tracker(folder) == 10, log
+        assert json.load(open(os.path.join(folder, "config.json")))["arch"] == arch
+
+
+def test_preempted_job_requeues_and_resumes(cluster, site):
+    iters = 300
+    flags = ("--train-iters", str(iters), "--log-interval", "5", "--save-interval", "1000", "--eval-interval", "1000")
+    folder = run_dir(site, "debug_transformer", *flags)
+    job = sbatch_train(cluster, site, "msat-preempt", "debug_transformer", *flags)
+    log_path = f"{site['logs']}/msat-preempt-{job}.out"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # wait for training to be under way
+        steps = [m["step"] for m in metrics(folder) if "loss" in m]
+        if steps and steps[-1] >= 10:
+            break
+        assert cluster.states(job)[0] in ("PENDING", "RUNNING"), read(log_path)
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"training did not start:\n{read(log_path)}")
+    # what Slurm sends 180 s before the time limit (#SBATCH --signal=B:USR1@180)
+    cluster.run(["scancel", "--signal=USR1", "--batch", job])
+    state = cluster.wait(job, timeout=900)
+    log = read(log_path)
+    assert state == "COMPLETED", log
+    assert int(cluster.job(job)[0]["Restarts"]) == 1, log
+    stopped = int(re.search(r"stopped at checkpoint (\d+)/", log).group(1))
+    assert 10 <= stopped < iters, log
+    assert f"requeueing job {job} to continue from step {stopped}" in log
+    assert re.search(rf"resumed from \S+iter_{stopped:07d} \(iteration {stopped}", log), log
+    assert f"run complete ({iters}/{iters} steps)" in log
+    assert tracker(folder) == iters and os.path.isdir(os.path.join(folder, f"iter_{stopped:07d}"))
+    train = [m for m in metrics(folder) if "loss" in m]
+    steps = [m["step"] for m in train]
+    assert steps == sorted(set(steps)) and steps[-1] == iters, steps
+    assert train[-1]["consumed_samples"] == iters * 8
+
+
+def test_profile_sbatch(cluster, site):
+    """slurm/profile.sbatch -> tools/profile_throughput.py inside the job (2 tasks, every arch in one launch)."""
+    if not os.path.isfile(os.path.join(ROOT, "tools", "profile_throughput.py")):
+        pytest.skip("tools/profile_throughput.py is not there yet")
+    job = cluster.sbatch(["--ntasks=2", "--cpus-per-task=1", "--time=15", f"--output={site['logs']}/%x-%j.out",
+                          "slurm/profile.sbatch", "debug_satformer", "--steps", "1", "--warmup", "1"],
+                         cwd=ROOT, env=site["env"])
+    state = cluster.wait(job, timeout=600)
+    log = read(f"{site['logs']}/msat-profile-{job}.out")
+    assert state == "COMPLETED", log
+    result = json.load(open(os.path.join(site["runs"], "profile", f"debug_satformer-{job}", "throughput.json")))
+    assert "satformer" in json.dumps(result) and "transformer" in json.dumps(result)

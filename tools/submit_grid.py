@@ -1,0 +1,246 @@
+"""Submit the scaling grid (archs x scales x seeds) to Slurm as job arrays, or print what would be submitted.
+
+    python tools/submit_grid.py --dry-run                                   # whole grid: table + sbatch lines
+    python tools/submit_grid.py --archs satformer,resformer --scales 760M --seeds 1,2 --submit
+    python tools/submit_grid.py --scales 1.3B --segments 3 --time 08:00:00 --submit   # 3 chained jobs per array
+    python tools/submit_grid.py --archs transformer,satformer --scales debug --submit -- --train-iters 10
+    python tools/submit_grid.py --resolve satformer_760M -- --seed 2   # run name + steps (used by slurm/launch.sh)
+
+Everything after `--` is passed to the trainer (any `python -m megatron_sat.train` flag) for every entry.
+Entries with the same cluster shape (nodes, GPUs per node, time) go into one job array (slurm/array.sbatch
+over a manifest file, one entry per line); each task resumes from its run folder and requeues itself at
+the time limit. --segments N instead submits each array N times, each --dependency=afterany on the one
+before, with self-requeue off (for clusters that forbid requeue or cap restarts).
+
+Site settings (account, partition, logs and runs folders, GPUs or not): slurm/site.sh, or the file named
+by $MSAT_SITE. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
+GPU hours come from the FLOPs count (megatron_sat.profiling.flops: 3 x forward, attention included) at an
+assumed MFU (--mfu, default 0.40).
+"""
+
+import argparse
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import time
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+# trainer arguments that do not change what a run computes: left out of its folder name, so that a run can
+# be resumed under another layout, batch split, logging or checkpoint cadence.
+NAME_IGNORES = {
+    "recipe", "save", "load", "ckpt_step", "save_interval", "save_final", "exit_interval", "exit_duration_in_mins",
+    "eval_interval", "eval_iters", "log_interval", "wandb_project", "wandb_exp_name", "wandb_mode", "peak_tflops",
+    "progress_bar", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "num_virtual_stages_per_pipeline_rank", "sequence_parallel", "use_distributed_optimizer", "overlap_grad_reduce",
+    "micro_batch_size", "recompute_granularity", "recompute_num_layers", "data_cache_path", "bf16",
+    "debug_inject_nan_at_step", "data_path", "tokenizer_model", "split",
+}
+NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
+
+
+def _recipes():
+    from megatron_sat.parallel.planner import load_recipes
+
+    return load_recipes()
+
+
+def resolve(recipe: str, overrides=()):
+    """(trainer args Namespace, run name) for a recipe + trainer flags, with the trainer's own parser."""
+    recipes = _recipes()
+    from megatron_sat.training.arguments import build_parser
+
+    parser = build_parser()
+    defaults = {a.dest: a.default for a in parser._actions}
+    parser.set_defaults(**recipes.get(recipe))
+    args = parser.parse_args(["--recipe", recipe, *overrides])
+    rest = {k: v for k, v in sorted(vars(args).items())
+            if k not in NAME_IGNORES and k not in NAMED and v != recipes.get(recipe).get(k, defaults.get(k))}
+    name = (f"{recipe}_lr{args.lr:g}_gbs{args.global_batch_size}_seq{args.seq_length}"
+            f"_it{args.train_iters}_s{args.seed}")
+    if rest:
+        name += "_" + hashlib.sha1(repr(rest).encode()).hexdigest()[:8]
+    return args, name
+
+
+def needs_data(args) -> bool:
+    return not (args.data_path or args.mock_data or args.embedded_data)
+
+
+def site_settings(site: str) -> dict:
+    """Values of the site file (sourced by bash): MSAT_* and SBATCH_* variables."""
+    script = f'set -a && source {shlex.quote(site)} >/dev/null && env -0'  # set -a: export what it sets
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    return {k: v for k, v in env.items() if k.startswith(("MSAT_", "SBATCH_"))}
+
+
+def _entries(archs, scales, seeds):
+    from recipes.paper import cluster, recipe_name
+
+    recipes = _recipes()
+    out = []
+    for scale in scales:
+        for arch in archs:
+            name = recipe_name(arch, scale)
+            if name not in recipes.RECIPES:
+                raise SystemExit(f"error: no recipe {name!r} (arch {arch!r} at scale {scale!r}); "
+                                 f"known: {', '.join(sorted(recipes.RECIPES))}")
+            for seed in seeds:
+                out.append(dict(recipe=name, arch=arch, scale=scale, seed=seed, cluster=cluster(name)))
+    return out
+
+
+def _tokens(n):
+    from megatron_sat.parallel.planner import _tokens as fmt
+
+    return fmt(n)
+
+
+def _hours(h):
+    return "-" if h is None else (f"{h:,.0f}" if h >= 10 else f"{h:.1f}")
+
+
+def build(opts, trainer_flags):
+    """Grid entries with plans and run names, and the array groups."""
+    from megatron_sat.parallel.planner import make_plan
+
+    rows = []
+    for e in _entries(opts.archs, opts.scales, opts.seeds):
+        flags = [*trainer_flags, "--seed", str(e["seed"])]
+        args, name = resolve(e["recipe"], flags)
+        c = dict(e["cluster"])
+        for key in ("nodes", "gpus_per_node", "gpu", "time"):
+            if getattr(opts, key) is not None:
+                c[key] = getattr(opts, key)
+        plan = make_plan(args, recipe=e["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"],
+                         mfu=opts.mfu)
+        rows.append(dict(e, flags=flags, name=name, cluster=c, plan=plan, args=args))
+    groups = {}
+    for r in rows:
+        c = r["cluster"]
+        groups.setdefault((r["scale"], c["nodes"], c["gpus_per_node"], c["gpu"], c["time"]), []).append(r)
+    return rows, groups
+
+
+def table(rows) -> str:
+    head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
+            "run folder"]
+    lines = []
+    for r in rows:
+        p = r["plan"]
+        mem = f"{p.memory['total']:.0f}" if p.memory and p.capacity_gib else "-"
+        status = "" if p.ok else "  INVALID: " + "; ".join(p.errors)
+        lines.append([r["recipe"], str(r["seed"]), f"{p.parameters / 1e6:,.1f}M", _tokens(p.tokens),
+                      f"{p.train_iters:,}", f"{p.nodes} x {p.gpus_per_node} {p.gpu}", p.layout, mem,
+                      _hours(p.gpu_hours), _hours(p.wall_hours), r["name"] + status])
+    widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
+    fmt = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
+    out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in lines]
+    total = sum(r["plan"].gpu_hours or 0 for r in rows)
+    out.append(f"{len(rows)} run(s), {total:,.0f} GPU hours in all (at {100 * rows[0]['plan'].mfu:.0f}% MFU)"
+               if rows else "no runs")
+    return "\n".join(out)
+
+
+def sbatch_args(key, n, site, opts, manifest, dependency=None):
+    scale, nodes, gpn, gpu, time_limit = key
+    logs = site.get("MSAT_LOGS", "logs")
+    args = [f"--job-name=msat-{scale}", f"--array=0-{n - 1}" + (f"%{opts.max_parallel}" if opts.max_parallel else ""),
+            f"--nodes={nodes}", f"--ntasks-per-node={gpn}", f"--cpus-per-task={site.get('MSAT_CPUS_PER_TASK', '8')}",
+            f"--time={time_limit}", f"--output={os.path.join(logs, '%x-%A_%a.out')}"]
+    if gpu != "cpu" and site.get("MSAT_GPUS", "1") != "0":
+        args.append(f"--gpus-per-node={gpn}")
+    if opts.segments > 1:
+        args.append("--export=ALL,MSAT_REQUEUE=0")
+    if dependency:
+        args.append(f"--dependency=afterany:{dependency}")
+    args += shlex.split(site.get("MSAT_SBATCH_EXTRA", ""))
+    return args + [os.path.join("slurm", "array.sbatch"), manifest]
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    trainer_flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    from recipes.paper import ARCHS, SCALES
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    csv = lambda conv: (lambda s: [conv(x) for x in s.split(",") if x])  # noqa: E731
+    p.add_argument("--archs", type=csv(str), default=list(ARCHS), help="comma-separated (default: all)")
+    p.add_argument("--scales", type=csv(str), default=list(SCALES), help=f"comma-separated from {SCALES} or debug")
+    p.add_argument("--seeds", type=csv(int), default=[1234])
+    p.add_argument("--nodes", type=int, help="override every entry's node count")
+    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--gpu", help="GPU kind for the memory check and GPU hours (H100, H200, A100, cpu)")
+    p.add_argument("--time", help="Slurm time limit per job, e.g. 08:00:00")
+    p.add_argument("--segments", type=int, default=1, help="chain N jobs per array with afterany dependencies")
+    p.add_argument("--max-parallel", type=int, default=None, help="array throttle: at most K tasks at once")
+    p.add_argument("--mfu", type=float, default=0.40)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the table and sbatch lines (default)")
+    mode.add_argument("--submit", action="store_true", help="write the manifests and submit")
+    mode.add_argument("--resolve", metavar="RECIPE", help="print RUN_NAME, TRAIN_ITERS, NEEDS_DATA for the shell")
+    opts = p.parse_args(argv)
+
+    if opts.resolve:
+        try:
+            args, name = resolve(opts.resolve, trainer_flags)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"RUN_NAME={shlex.quote(name)}\nTRAIN_ITERS={args.train_iters}\nNEEDS_DATA={int(needs_data(args))}")
+        return 0
+
+    warnings.filterwarnings("ignore")
+    site_file = os.environ.get("MSAT_SITE", os.path.join(ROOT, "slurm", "site.sh"))
+    site = site_settings(site_file)
+    rows, groups = build(opts, trainer_flags)
+    print(table(rows))
+    invalid = [r for r in rows if not r["plan"].ok]
+    if invalid:
+        print(f"\nerror: {len(invalid)} invalid plan(s); see tools/plan_layout.py --recipe NAME", file=sys.stderr)
+        return 1
+    runs_dir = site.get("MSAT_RUNS", "runs")
+    manifest_dir = os.path.join(runs_dir if os.path.isabs(runs_dir) else os.path.join(ROOT, runs_dir), "_grid")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    print(f"\n# site settings: {site_file}; run from {ROOT}")
+    logs = site.get("MSAT_LOGS", "logs")
+    if opts.submit:
+        os.makedirs(manifest_dir, exist_ok=True)
+        os.makedirs(logs if os.path.isabs(logs) else os.path.join(ROOT, logs), exist_ok=True)
+    env = dict(os.environ, MSAT_REPO=ROOT, MSAT_SITE=site_file)
+    for i, (key, members) in enumerate(groups.items()):
+        manifest = os.path.join(manifest_dir, f"grid-{key[0]}-{stamp}-{i}.txt")
+        lines = [shlex.join([r["recipe"], *r["flags"]]) for r in members]
+        if opts.submit:
+            with open(manifest, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        else:
+            print(f"# {manifest} would hold:\n" + "\n".join(f"#   {x}" for x in lines))
+        previous = None
+        for segment in range(opts.segments):
+            cmd = sbatch_args(key, len(members), site, opts, manifest, dependency=previous)
+            if not opts.submit:
+                dep = "" if segment == 0 else "   # --dependency=afterany:<job id of the line above>"
+                shown = [x if not x.startswith("--dependency") else "--dependency=afterany:$PREV" for x in cmd]
+                print(shlex.join(["sbatch", *shown]) + dep)
+                continue
+            proc = subprocess.run(["bash", "-c", 'source "$MSAT_SITE" >/dev/null && exec sbatch --parsable "$@"',
+                                   "sbatch", *cmd], cwd=ROOT, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"error: sbatch failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
+                return 1
+            previous = proc.stdout.strip().split(";")[0]
+            print(f"submitted array job {previous}: {len(members)} task(s) {key[0]}"
+                  f"{f' segment {segment + 1}/{opts.segments}' if opts.segments > 1 else ''} -> "
+                  f"logs {os.path.join(logs, f'msat-{key[0]}-{previous}_<task>.out')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
