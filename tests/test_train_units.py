@@ -77,7 +77,7 @@ def test_validate_args_lists_every_problem():
     with pytest.raises(ValueError) as e:
         validate_args(args, world_size=4)
     text = str(e.value)
-    assert "unknown --arch 'gpt9'" in text and "world size 4 is not divisible by TP x PP = 3 x 1" in text
+    assert "unknown --arch 'gpt9'" in text and "world size 4 is not divisible by TP x PP x CP = 3 x 1 x 1" in text
     args = build_parser().parse_args(["--global-batch-size", "10", "--micro-batch-size", "4", "--mock-data",
                                       "--vocab-size", "64"])
     with pytest.raises(ValueError, match="--global-batch-size 10 is not divisible by --micro-batch-size x "
@@ -92,3 +92,23 @@ def test_help_renders():
                  "--exit-duration-in-mins", "--wandb-project", "--recipe", "--arch"):
         assert flag in text
     assert "--debug-inject-nan-at-step" not in text
+
+
+def test_gpu_only_options_refused_cleanly_on_cpu(tmp_path):
+    """Without Transformer Engine on a GPU, FP8 and context parallelism are refused with exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU refusal")
+    out = tmp_path / "run"
+    for extra, message in ((["--fp8-format", "hybrid"], "--fp8-format needs Transformer Engine on a GPU"),
+                           (["--transformer-impl", "transformer_engine"], "needs Transformer Engine on a GPU"),
+                           (["--context-parallel-size", "2"], "not divisible by TP x PP x CP = 1 x 1 x 2")):
+        proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", "--recipe", "debug_satformer",
+                               "--save", str(out), *extra], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert message in proc.stdout + proc.stderr
+        assert not out.exists()

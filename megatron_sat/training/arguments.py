@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     g("--pipeline-model-parallel-size", type=int, default=1)
     g("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
     g("--sequence-parallel", action="store_true")
+    g("--context-parallel-size", type=int, default=1, help="needs Transformer Engine attention (GPU)")
+    g("--transformer-impl", default="auto", choices=["auto", "local", "transformer_engine"],
+      help="layer implementation; auto = transformer_engine when it imports on a GPU, else local")
+    g("--fp8-format", default=None, choices=["e4m3", "hybrid"], help="FP8 GEMMs (Transformer Engine, Hopper+)")
     g("--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
       help="default: on with a GPU, off on CPU")
     g("--overlap-grad-reduce", action="store_true")
@@ -135,11 +139,11 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append(f"unknown --arch {args.arch!r}; choose one of {', '.join(ARCHS)}")
     if args.value_residual_gate not in GATES:
         errors.append(f"unknown --value-residual-gate {args.value_residual_gate!r}; choose one of {', '.join(GATES)}")
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if tp < 1 or pp < 1 or world_size % (tp * pp):
-        errors.append(f"world size {world_size} is not divisible by TP x PP = {tp} x {pp}")
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
+        errors.append(f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}")
     else:
-        dp = world_size // (tp * pp)
+        dp = world_size // (tp * pp * cp)
         if args.micro_batch_size < 1 or args.global_batch_size % (args.micro_batch_size * dp):
             errors.append(f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
                           f"x data-parallel size = {args.micro_batch_size} x {dp}")

@@ -14,6 +14,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.utils import get_batch_on_this_cp_rank
 
 from megatron_sat.parallel.grads import finalize_grads
 from megatron_sat.parallel.pipeline import forward_backward
@@ -62,9 +63,19 @@ def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     return total, count, {"lm loss": torch.stack([total.detach(), mask.sum()])}
 
 
+def this_cp_rank(batch: dict) -> dict:
+    """Context parallelism: this rank's share of every sequence (Megatron's zigzag split into
+    2 x CP chunks, which balances causal attention work); the batch itself without CP."""
+    if parallel_state.get_context_parallel_world_size() == 1:
+        return batch
+    keys = ("tokens", "labels", "loss_mask", "position_ids")
+    return get_batch_on_this_cp_rank({**{k: batch[k] for k in keys}, "cu_seqlens": None}, is_hybrid_cp=False,
+                                     cp_group=parallel_state.get_context_parallel_group())
+
+
 def gpt_forward_step(data_iterator: Iterator, model):
     """Megatron forward_step_func for a batch dict with tokens, labels, loss_mask, position_ids."""
-    batch = next(data_iterator)
+    batch = this_cp_rank(next(data_iterator))
     device = next(model.parameters()).device
     tokens = batch["tokens"].to(device, non_blocking=True)  # [b, s]
     labels = batch["labels"].to(device, non_blocking=True)  # [b, s]

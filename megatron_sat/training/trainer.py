@@ -83,6 +83,7 @@ def train(args) -> int:
     from megatron_sat.analysis.gates import GateTelemetry
     from megatron_sat.model.config import make_config
     from megatron_sat.model.gpt import build_model
+    from megatron_sat.model.specs import te_available
     from megatron_sat.parallel.layout import Layout, initialize, validate
     from megatron_sat.profiling.flops import flops_per_token, peak_flops_per_device
     from megatron_sat.training import checkpointing as ckpt
@@ -98,9 +99,18 @@ def train(args) -> int:
     dist_opt = gpu if args.use_distributed_optimizer is None else args.use_distributed_optimizer
     dtype = torch.bfloat16 if bf16 else torch.float32
     layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                    vpp=args.num_virtual_stages_per_pipeline_rank, sp=args.sequence_parallel)
+                    vpp=args.num_virtual_stages_per_pipeline_rank, cp=args.context_parallel_size,
+                    sp=args.sequence_parallel)
+    backend = {"local": "local", "transformer_engine": "te"}.get(args.transformer_impl) or (
+        "te" if te_available() else "local")
+    problem = ("--transformer-impl transformer_engine needs Transformer Engine on a GPU"
+               if backend == "te" and not te_available() else
+               "--fp8-format needs Transformer Engine on a GPU" if args.fp8_format and backend != "te" else None)
+    if problem:
+        log(f"megatron-sat-train: error: {problem}")
+        return 2
     dp = layout.dp(world)
-    num_micro = args.global_batch_size // (args.micro_batch_size * dp)
+    num_micro = args.global_batch_size // (args.micro_batch_size * dp) if dp else None  # None: validate says why
     tokenizer, data = tokenizer_and_data(args, log)
     multiple = args.make_vocab_size_divisible_by * layout.tp  # as Megatron-LM: embedding rows split over TP
     vocab_size = -(-tokenizer.vocab_size // multiple) * multiple
@@ -115,14 +125,18 @@ def train(args) -> int:
         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
         ffn_hidden_size=args.ffn_hidden_size, value_residual_gate=args.value_residual_gate,
         value_residual_last_k=args.value_residual_last_k, resformer_lambdas=args.resformer_lambdas,
-        bf16=bf16, params_dtype=dtype, **layout.config_fields(dtype), **recompute,
+        bf16=bf16, params_dtype=dtype, fp8=args.fp8_format, **layout.config_fields(dtype), **recompute,
     )
-    validate(layout, config, world, seq_length=args.seq_length, num_microbatches=num_micro)
+    try:
+        validate(layout, config, world, seq_length=args.seq_length, num_microbatches=num_micro, backend=backend)
+    except ValueError as err:  # every rank sees the same error: report it once, build nothing
+        log(f"megatron-sat-train: error: {err}")
+        return 2
     initialize(layout, seed=args.seed)
 
     # model [chunks] -> (Float16Module) -> DDP; optimizer; scheduler
     chunks = build_model(config, vocab_size=vocab_size, max_sequence_length=args.seq_length,
-                         rotary_base=args.rotary_base)
+                         rotary_base=args.rotary_base, backend=backend)
     num_params = sum(p.numel() for c in chunks for p in c.parameters()  # this rank's unique share
                      if not getattr(p, "shared", False) and param_is_not_tensor_parallel_duplicate(p))
     if bf16:
