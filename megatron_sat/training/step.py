@@ -96,17 +96,9 @@ def reduce_loss(loss_dicts: List[dict]) -> Optional[float]:
 def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: int, seq_length: int,
                micro_batch_size: int, forward_step_func=gpt_forward_step) -> Tuple[Optional[float], float, bool]:
     """One optimizer step: returns (loss on the last pipeline stage else None, grad norm, success)."""
-    for chunk in chunks:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    loss_dicts = forward_backward(
-        chunks, config,
-        forward_step_func=forward_step_func,
-        data_iterator=data_iterator,
-        num_microbatches=num_microbatches,
-        seq_length=seq_length,
-        micro_batch_size=micro_batch_size,
-    )
+    loss_dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
+                                      seq_length=seq_length, micro_batch_size=micro_batch_size,
+                                      forward_step_func=forward_step_func)
     success, grad_norm, _ = optimizer.step()
     return reduce_loss(loss_dicts), grad_norm, success
 
