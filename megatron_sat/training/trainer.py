@@ -9,6 +9,7 @@ Per step (every rank):
     -> log / evaluate / save; save and exit 0 on SIGTERM/SIGUSR1, --exit-duration-in-mins, --exit-interval.
 """
 
+import contextlib
 import math
 import os
 import signal
@@ -197,7 +198,7 @@ def train(args) -> int:
         for c in chunks:
             c.eval()
         total = torch.zeros(3, dtype=torch.float64)
-        with torch.no_grad(), (gates.paused() if gates else _null()):
+        with torch.no_grad(), (gates.paused() if gates else contextlib.nullcontext()):
             for _ in range(args.eval_iters):
                 dicts = run_forward_backward(chunks, optimizer, config, it, num_microbatches=num_micro,
                                              seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
@@ -294,10 +295,3 @@ def train(args) -> int:
             f"config: {os.path.join(args.save, 'config.json')}")
     return 0
 
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
