@@ -2,8 +2,8 @@
 
 For each arch, one rank trains 3 optimizer steps (AdamW, clip 1.0) of a tiny 4-layer GQA model from
 saved initial weights; then 4 gloo ranks train the same steps from the same weights at each layout
-of tests/workers/equivalence.py (TP2, TP2+SP, PP2, PP2 x VPP2, TP2 x PP2, DP4, and full/selective
-recompute). Compared, for every parameter under its global name (gate weights and layer 1's
+of tests/workers/equivalence.py (TP2, TP2+SP, PP2, PP2 x VPP2, TP2 x PP2, TP2+SP x PP2 x VPP2,
+DP4, and full/selective recompute). Compared, for every parameter under its global name (gate weights and layer 1's
 value projection included):
 
   * the loss of each of the 3 steps:            relative error <= 1e-5

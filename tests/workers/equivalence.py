@@ -48,6 +48,7 @@ LAYOUTS = {
     "pp2": (Layout(pp=2), {}),
     "pp2_vpp2": (Layout(pp=2, vpp=2), {}),
     "tp2_pp2": (Layout(tp=2, pp=2), {}),
+    "tp2_sp_pp2_vpp2": (Layout(tp=2, pp=2, vpp=2, sp=True), {}),  # V1 in its sequence-shard layout on the wire
     "pp2_full_recompute": (Layout(pp=2), FULL_RECOMPUTE),
     "tp2_sp_selective_recompute": (Layout(tp=2, sp=True), SELECTIVE_RECOMPUTE),
 }
