@@ -216,12 +216,15 @@ def _tail(path, n=6000):
 def _failure_message(tmp, rank, reason, logs):
     for log in logs:
         log.flush()
-    tb_path = os.path.join(tmp, f"error{rank}.txt")
-    # Prefer a rank that wrote a Python traceback (the first failure is often the cause, others just hang up).
+    # Report the rank whose traceback was written first: it is the cause; the others usually fail only
+    # because a peer went away ("Connection closed by peer"), and may exit before it is polled.
     tb_ranks = [r for r in range(len(logs)) if os.path.exists(os.path.join(tmp, f"error{r}.txt"))]
-    if tb_ranks and not os.path.exists(tb_path):
-        rank = tb_ranks[0]
-        tb_path = os.path.join(tmp, f"error{rank}.txt")
+    if tb_ranks:
+        first = min(tb_ranks, key=lambda r: os.path.getmtime(os.path.join(tmp, f"error{r}.txt")))
+        if first != rank:
+            reason = f"the first to fail; rank {rank} then: {reason}"
+            rank = first
+    tb_path = os.path.join(tmp, f"error{rank}.txt")
     parts = [f"rank {rank} failed ({reason})"]
     if os.path.exists(tb_path):
         with open(tb_path) as f:

@@ -90,11 +90,11 @@ def _failing_worker(bad_rank):
 
 
 def test_run_distributed_reports_child_traceback():
-    t = time.monotonic()
     with pytest.raises(DistributedTestError, match="deliberate failure in rank 1") as err:
         run_distributed(_failing_worker, 2, 1, timeout=120, compat=False)
-    assert "ValueError" in str(err.value) and "rank 1" in str(err.value)
-    assert time.monotonic() - t < 60, "a failed rank should end the launch promptly"
+    assert "ValueError" in str(err.value) and str(err.value).startswith("rank 1 failed")
+    # the blocked rank 0 was ended by the failure, not left to the launch timeout
+    assert "timed out" not in str(err.value), "a failed rank should end the launch, not the timeout"
 
 
 # ---------------------------------------------------------------------------------------------------------------
