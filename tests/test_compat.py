@@ -345,14 +345,17 @@ def _worker(ckpt_dir):
     cfg = _config(pipeline_model_parallel_size=2)
     model = _gpt(cfg, pre_process=pp_rank == 0, post_process=pp_rank == 1)
     per_stage = LAYERS // 2
+
+    def global_name(n):  # this stage's local layer index -> the PP=1 model's
+        if not n.startswith("decoder.layers."):
+            return n
+        parts = n.split(".")
+        parts[2] = str(int(parts[2]) + pp_rank * per_stage)
+        return ".".join(parts)
+
     with torch.no_grad():
         for n, p in model.named_parameters():
-            src_name = n
-            if n.startswith("decoder.layers."):
-                parts = n.split(".")
-                parts[2] = str(int(parts[2]) + pp_rank * per_stage)
-                src_name = ".".join(parts)
-            p.copy_(ref_state[src_name])
+            p.copy_(ref_state[global_name(n)])
     losses = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter(mbs), model=[model], num_microbatches=len(mbs),
         seq_length=SEQ, micro_batch_size=MBS, forward_only=False,
@@ -370,12 +373,7 @@ def _worker(ckpt_dir):
         for got, want in zip(losses, ref_losses):
             _assert_close(got["loss"], want, "PP=2 loss")
     for n, p in model.named_parameters():
-        src_name = n
-        if n.startswith("decoder.layers."):
-            parts = n.split(".")
-            parts[2] = str(int(parts[2]) + pp_rank * per_stage)
-            src_name = ".".join(parts)
-        _assert_close(p.grad, local_grads[src_name], f"PP=2 grad {n}")
+        _assert_close(p.grad, local_grads[global_name(n)], f"PP=2 grad {n}")
     report["pp2_ok"] = True
     lap("7 pp2")
     ps.destroy_model_parallel()
