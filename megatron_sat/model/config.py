@@ -1,7 +1,14 @@
-"""Model configuration: Megatron's TransformerConfig plus the value-residual fields.
+"""Model configuration: Megatron's TransformerConfig plus the fields that select the architecture.
 
-`SATConfig` is a TransformerConfig (so every Megatron module accepts it) with four extra fields
-that select the architecture. `make_config` fills in the paper's Llama-style defaults
+`SATConfig` is a TransformerConfig (so every Megatron module accepts it) with extra fields for
+SATFormer and its baselines (../shared/reference/satformer.md):
+    transformer        Megatron's Llama-style GPT, untouched
+    resformer          V' = lambda1 V1 + lambda2 V                 (megatron_sat.model.attention)
+    satformer          V' = V + ReLU(x W_alpha) V1                 (megatron_sat.model.attention)
+    denseformer        depth-weighted average after every block    (megatron_sat.model.denseformer)
+    muddformer         dynamic dense connections, 4 ways (Q,K,V,R)  (megatron_sat.model.muddformer)
+    hyperconnections   n residual streams, dynamic tanh weights     (megatron_sat.model.hyperconnections)
+ `make_config` fills in the paper's Llama-style defaults
 (../shared/reference/satformer.md): RMSNorm eps 1e-6, QK-norm, SwiGLU, no biases, init std 0.02.
 
 Which layers mix V1 (1-based global layer numbers, L layers):
@@ -16,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 
-ARCHS = ("transformer", "resformer", "satformer")
+ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 VALUE_RESIDUAL_ARCHS = ("resformer", "satformer")
+DENSE_ARCHS = ("denseformer", "muddformer")  # every layer reads all earlier layers' outputs
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 RESFORMER_LAMBDAS = ("learned", "fixed")
 
@@ -43,6 +51,16 @@ class SATConfig(TransformerConfig):
     value_residual_gate_init_std: float = 0.02
     """Std of the normal init of W_alpha."""
 
+    hc_expansion_rate: int = 4
+    """Hyper-Connections: number n of residual streams (the authors' configs: 4)."""
+
+    hc_dynamic: bool = True
+    """Hyper-Connections: token-dependent (dynamic) connection weights on top of the static ones."""
+
+    muddformer_param_realloc: bool = True
+    """MUDDFormer: FFN width grows linearly from 0.5x (layer 1) to 1.5x (layer L) of ffn_hidden_size,
+    rounded to a multiple of 256 (the authors' configs), keeping the total about the same."""
+
     def __post_init__(self):
         super().__post_init__()
         if self.arch not in ARCHS:
@@ -57,6 +75,20 @@ class SATConfig(TransformerConfig):
                 f"unknown resformer_lambdas {self.resformer_lambdas!r}; "
                 f"choose one of {', '.join(RESFORMER_LAMBDAS)}"
             )
+        if self.arch == "hyperconnections" and self.hc_expansion_rate < 1:
+            raise ValueError(f"hc_expansion_rate must be >= 1 (got {self.hc_expansion_rate})")
+        if self.arch in DENSE_ARCHS and self.recompute_granularity == "full":
+            raise ValueError(
+                f"arch {self.arch!r} carries every earlier layer's output from layer to layer, which "
+                "full activation recompute cannot checkpoint; use recompute_granularity='selective'"
+            )
+        if self.arch == "muddformer" and self.num_query_groups < self.tensor_model_parallel_size:
+            raise ValueError(
+                f"muddformer needs num_query_groups ({self.num_query_groups}) >= tensor parallel size "
+                f"({self.tensor_model_parallel_size}): its Q, K and V come from different inputs"
+            )
+        if self.arch in ("muddformer", "hyperconnections", "denseformer") and self.fp8:
+            raise ValueError(f"FP8 is not supported for the {self.arch} baseline (BF16 only)")
         if not self.uses_value_residual:
             return
         if self.num_layers < 2:
@@ -80,6 +112,11 @@ class SATConfig(TransformerConfig):
         return self.arch in VALUE_RESIDUAL_ARCHS
 
     @property
+    def is_dense(self) -> bool:
+        """DenseFormer and MUDDFormer: layers read a growing list of all earlier layers' outputs."""
+        return self.arch in DENSE_ARCHS
+
+    @property
     def mixing_layers(self) -> list:
         """Global 1-based numbers of the layers that mix V1 into their values."""
         if not self.uses_value_residual:
@@ -91,6 +128,20 @@ class SATConfig(TransformerConfig):
     def v1_channels(self) -> int:
         """Width of V1 over all KV heads: num_query_groups * kv_channels."""
         return self.num_query_groups * self.kv_channels
+
+
+def muddformer_ffn_size(config: "SATConfig", layer_number: int) -> int:
+    """MUDDFormer's per-layer FFN width (param_realloc): 0.5x at layer 1 to 1.5x at layer L.
+
+    Rounded to a multiple of 256 as the authors do; below ffn 1024 (debug sizes) to a multiple of 8,
+    so that tiny models are not inflated to 256-wide FFNs.
+    """
+    base, L = config.ffn_hidden_size, config.num_layers
+    if not config.muddformer_param_realloc or L == 1:
+        return base
+    scale = (0.5 * (L - layer_number) + 1.5 * (layer_number - 1)) / (L - 1)
+    unit = 256 if base >= 1024 else 8
+    return max(unit, (int(round(scale * base)) + unit // 2 - 1) // unit * unit)
 
 
 def gate_function(name: str):

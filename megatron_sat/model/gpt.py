@@ -1,9 +1,14 @@
 """The GPT model for every arch, and `build_model` that makes this rank's pipeline chunks.
 
-ValueResidualGPTModel is Megatron's GPTModel plus V1 at the stage boundaries:
-  * input:  the received [hidden | V1] message is split in `set_input_tensor`; V1 enters the
-            decoder as the first layer's `context`;
-  * output: the chunk's last layer appends V1 to the hidden state (unless this is the last stage).
+CarryGPTModel is Megatron's GPTModel plus a second activation that layers pass to each other
+through Megatron's `context` slot and that must cross pipeline-stage boundaries:
+    resformer, satformer      V1                                   (parallel/v1_transport.py)
+    denseformer, muddformer   all earlier layer outputs (+ streams) (parallel/dense_transport.py)
+  * input:  the received [hidden | carry] message is split in `set_input_tensor`; the carry
+            enters the decoder as the first layer's `context`;
+  * output: the chunk's last layer appends the carry to the hidden state (unless last stage).
+Hyper-Connections needs no second activation (its n streams are the hidden state, n*h wide) and
+the Transformer is Megatron's GPTModel.
 ResFormer's learned lambda1 = s * softmax(logits) spans all layers, so (logits, s) live in a small
 module replicated on every chunk; megatron_sat.parallel.grads sums their gradients over chunks and
 pipeline stages so that all replicas stay identical.
@@ -19,7 +24,7 @@ from megatron.core.transformer.module import MegatronModule
 
 from megatron_sat.model.config import SATConfig
 from megatron_sat.model.specs import layer_spec
-from megatron_sat.parallel import v1_transport
+from megatron_sat.parallel import dense_transport, v1_transport
 
 
 class ResFormerLambdas(MegatronModule):
@@ -48,15 +53,15 @@ class ResFormerLambdas(MegatronModule):
         }
 
 
-class ValueResidualGPTModel(GPTModel):
-    """GPTModel whose pipeline messages carry V1 next to the hidden state."""
+class CarryGPTModel(GPTModel):
+    """GPTModel whose pipeline messages carry V1 or the dense history next to the hidden state."""
 
     def __init__(self, config: SATConfig, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        self._v1_input: Optional[torch.Tensor] = None
+        self._carry_input = None
         layers = self.decoder.layers
         if not self.post_process and len(layers) > 0:
-            layers[-1].emits_v1 = True
+            layers[-1].emits_carry = True
         if config.arch == "resformer" and config.resformer_lambdas == "learned":
             self.value_residual_lambdas = ResFormerLambdas(config, primary=self.pre_process)
             for layer in layers:
@@ -68,24 +73,28 @@ class ValueResidualGPTModel(GPTModel):
             assert len(input_tensor) == 1, "a GPT stage receives one tensor"
             input_tensor = input_tensor[0]
         if input_tensor is None:
-            self._v1_input = None
+            self._carry_input = None
             self.decoder.set_input_tensor(None)
             return
-        tp = self.pg_collection.tp.size()
-        hidden, self._v1_input = v1_transport.unpack(
-            input_tensor, self.config.hidden_size, self.config.kv_channels, self.config.sequence_parallel, tp
-        )
+        if self.config.is_dense:
+            first_layer = self.decoder.layers[0].layer_number
+            hidden, self._carry_input = dense_transport.unpack(input_tensor, self.config, first_layer)
+        else:
+            tp = self.pg_collection.tp.size()
+            hidden, self._carry_input = v1_transport.unpack(
+                input_tensor, self.config.hidden_size, self.config.kv_channels, self.config.sequence_parallel, tp
+            )
         self.decoder.set_input_tensor(hidden)
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
-        # Layer 1 has no gate or lambda2, so layers differ: checkpoint them one key per layer
+        # Layers differ (layer 1 has no gate; dense layers grow with depth): checkpoint them one key per layer
         # (global layer numbers, still independent of the layout) instead of one stacked tensor.
         metadata = dict(metadata or {}, non_homogeneous_layers=True)
         return super().sharded_state_dict(prefix, sharded_offsets, metadata)
 
     def forward(self, *args, extra_block_kwargs=None, **kwargs):
         if not self.pre_process:
-            extra_block_kwargs = dict(extra_block_kwargs or {}, context=self._v1_input)
+            extra_block_kwargs = dict(extra_block_kwargs or {}, context=self._carry_input)
         return super().forward(*args, extra_block_kwargs=extra_block_kwargs, **kwargs)
 
 
@@ -103,7 +112,7 @@ def build_model(
     """
     from megatron_sat import compat
 
-    cls = ValueResidualGPTModel if config.uses_value_residual else GPTModel
+    cls = CarryGPTModel if config.uses_value_residual or config.is_dense else GPTModel
     spec = layer_spec(config, backend)
     vp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     stages = range(vp) if vp else [None]

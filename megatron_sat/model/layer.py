@@ -7,7 +7,7 @@ have no cross-attention, so the slot is free: this layer hands the incoming V1 t
 returns layer 1's V as the new context, and passes any other V1 through unchanged.
 
 The last layer of a stage that is not the last pipeline stage appends V1 to its output
-(`emits_v1`), so the schedule sends both to the next stage (megatron_sat.parallel.v1_transport).
+(`emits_carry`), so the schedule sends both to the next stage (megatron_sat.parallel.v1_transport).
 """
 
 from megatron.core.transformer.transformer_layer import TransformerLayer
@@ -18,7 +18,7 @@ from megatron_sat.parallel import v1_transport
 class ValueResidualTransformerLayer(TransformerLayer):
     """A Megatron TransformerLayer whose `context` in and out is V1 [s, b, ng/tp, hn]."""
 
-    emits_v1 = False  # set on the last layer of a non-final pipeline chunk by the model
+    emits_carry = False  # set on the last layer of a non-final pipeline chunk by the model
 
     def forward(self, *args, context=None, **kwargs):
         attention = self.self_attention
@@ -30,7 +30,7 @@ class ValueResidualTransformerLayer(TransformerLayer):
             attention.v1 = None  # never keep a graph alive between steps
         if v1 is None:
             raise RuntimeError(f"layer {self.layer_number}: V1 is missing (layer 1 must come first)")
-        if self.emits_v1:
+        if self.emits_carry:
             tp = self.pg_collection.tp.size()
             hidden_states = v1_transport.pack(hidden_states, v1, self.config.sequence_parallel, tp)
         return hidden_states, v1

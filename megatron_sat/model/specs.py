@@ -1,8 +1,12 @@
-"""Layer specs: Megatron's Llama-style GPT layer, with two module swaps for value-residual archs.
+"""Layer specs: Megatron's Llama-style GPT layer, with module swaps for the other archs.
 
-A variant is a spec plus a small subclass: SATFormer and ResFormer use Megatron's own layer
-submodules and replace only the layer class (ValueResidualTransformerLayer) and the attention
-class (ValueResidualSelfAttention). The Transformer baseline is Megatron's spec untouched.
+A variant is a spec plus a small subclass, on Megatron's own submodules:
+    transformer        Megatron's spec untouched
+    satformer/resformer    layer ValueResidualTransformerLayer, attention ValueResidualSelfAttention
+    denseformer        layer DenseFormerLayer
+    muddformer         layer MUDDFormerLayer, attention MultiInputSelfAttention, unfused input norm
+    hyperconnections   layer HyperConnectionsLayer
+The baselines' extra norms are built from `norm` in LayerSubmodules (the backend's RMSNorm).
 
 Two backends with the same classes on top:
   * local: pure Megatron-Core modules, runs anywhere (the CPU path and the tests);
@@ -13,6 +17,7 @@ Two backends with the same classes on top:
 """
 
 import copy
+import dataclasses
 from typing import Optional
 
 import torch
@@ -21,10 +26,21 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
 
 from megatron_sat.model.attention import ValueResidualSelfAttention
 from megatron_sat.model.config import SATConfig
+from megatron_sat.model.denseformer import DenseFormerLayer
+from megatron_sat.model.hyperconnections import HyperConnectionsLayer
 from megatron_sat.model.layer import ValueResidualTransformerLayer
+from megatron_sat.model.muddformer import MUDDFormerLayer, MultiInputSelfAttention
+
+
+@dataclasses.dataclass
+class LayerSubmodules(TransformerLayerSubmodules):
+    """Megatron's layer submodules plus the norm that the baselines' extra norms are built from."""
+
+    norm: object = None
 
 try:  # Transformer Engine exists only on GPU machines (it cannot even import with CPU torch)
     import transformer_engine  # noqa: F401
@@ -49,16 +65,35 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
         spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     else:
         raise ValueError(f"unknown backend {backend!r}; choose 'local' or 'te'")
-    if not config.uses_value_residual:
+    if config.arch == "transformer":
         return spec
 
     layer = copy.deepcopy(spec.submodules)
     attention = layer.self_attention
-    attention.module = ValueResidualSelfAttention
-    if backend == "te" and config.arch == "satformer":
+    unfused_input_norm = False
+    if config.uses_value_residual:
+        module = ValueResidualTransformerLayer
+        attention.module = ValueResidualSelfAttention
+        unfused_input_norm = config.arch == "satformer"  # the gate reads the normalised x
+    elif config.arch == "muddformer":
+        module = MUDDFormerLayer
+        attention.module = MultiInputSelfAttention
+        unfused_input_norm = True  # Q, K and V inputs have norms of their own
+    elif config.arch == "denseformer":
+        module = DenseFormerLayer
+    elif config.arch == "hyperconnections":
+        module = HyperConnectionsLayer
+    else:
+        raise ValueError(f"no layer spec for arch {config.arch!r}")
+    if backend == "te":
         from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
 
         te = TESpecProvider()
-        layer.input_layernorm = te.layer_norm(has_residual=True)
-        attention.submodules.linear_qkv = te.column_parallel_linear()
-    return ModuleSpec(module=ValueResidualTransformerLayer, submodules=layer)
+        norm = te.layer_norm(has_residual=True)
+        if unfused_input_norm:
+            layer.input_layernorm = norm
+            attention.submodules.linear_qkv = te.column_parallel_linear()
+    else:
+        norm = layer.input_layernorm
+    fields = {f.name: getattr(layer, f.name) for f in dataclasses.fields(TransformerLayerSubmodules)}
+    return ModuleSpec(module=module, submodules=LayerSubmodules(**fields, norm=norm))

@@ -1,8 +1,11 @@
 """One forward-backward step over this rank's model chunks, with V1 on the pipeline wire.
 
 `forward_backward` is Megatron's get_forward_backward_func() (no pipelining, 1F1B, or interleaved
-1F1B, as parallel_state dictates), given a P2PCommunicator whose messages are wide enough for
-[hidden | V1] (megatron_sat.parallel.v1_transport).
+1F1B, as parallel_state dictates), given a P2PCommunicator whose messages are wide enough for what
+the arch carries across stages besides the hidden state:
+    resformer, satformer      V1                          (megatron_sat.parallel.v1_transport)
+    denseformer, muddformer   streams and layer history   (megatron_sat.parallel.dense_transport)
+    hyperconnections          the other n-1 residual streams (the hidden state is [s', b, n*h])
 """
 
 import itertools
@@ -11,13 +14,23 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.process_groups_config import ProcessGroupCollection
 
-from megatron_sat.parallel.v1_transport import WideP2PCommunicator, wire_width
+from megatron_sat.parallel import dense_transport, v1_transport
+from megatron_sat.parallel.v1_transport import WideP2PCommunicator
 
 
 def _process_groups() -> ProcessGroupCollection:
     return ProcessGroupCollection.use_mpu_process_groups(
         required_pgs=["tp", "cp", "pp", "embd", "pos_embd", "dp", "dp_cp", "tp_dp_cp"]
     )
+
+
+def extra_wire_channels(config, tp_size: int) -> int:
+    """Channels the arch adds to Megatron's [s', b, h] pipeline message."""
+    if config.arch == "hyperconnections":
+        return (config.hc_expansion_rate - 1) * config.hidden_size
+    if config.is_dense:
+        return dense_transport.wire_width(config)
+    return v1_transport.wire_width(config, tp_size)
 
 
 def forward_backward(model, config, *, forward_step_func, data_iterator, num_microbatches,
@@ -28,7 +41,7 @@ def forward_backward(model, config, *, forward_step_func, data_iterator, num_mic
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         groups = _process_groups()
         kwargs = dict(
-            p2p_communicator=WideP2PCommunicator(groups.pp, config, wire_width(config, groups.tp.size())),
+            p2p_communicator=WideP2PCommunicator(groups.pp, config, extra_wire_channels(config, groups.tp.size())),
             pg_collection=groups,
         )
     if len(chunks) > 1 and not isinstance(data_iterator, list):
