@@ -22,7 +22,8 @@ def count_parameters(config, vocab_size: int, tied_embeddings: bool = True) -> d
     h, L = config.hidden_size, config.num_layers
     hn, nq, ng = config.kv_channels, config.num_attention_heads, config.num_query_groups
     attention = h * (nq + 2 * ng) * hn + nq * hn * h  # linear_qkv + linear_proj
-    mlp = h * config.ffn_hidden_size * (3 if config.gated_linear_unit else 2)
+    mlp_factor = 3 if config.gated_linear_unit else 2
+    mlp = h * config.ffn_hidden_size * mlp_factor
     norms = 2 * h + (2 * hn if config.qk_layernorm else 0)  # input, pre-MLP, q and k norms
     mixing = len(config.mixing_layers)
     if config.arch == "satformer":
@@ -31,12 +32,30 @@ def count_parameters(config, vocab_size: int, tied_embeddings: bool = True) -> d
         value_residual = mixing + mixing + 1  # lambda2 per layer, logits, scale
     else:
         value_residual = 0
+    connections, mlp_total, norms_total = 0, L * mlp, L * norms + h
+    if config.arch == "denseformer":
+        connections = sum(i + 1 for i in range(1, L + 1))  # DWA weights over X_0..X_i after layer i
+    elif config.arch == "muddformer":
+        from megatron_sat.model.config import muddformer_ffn_size  # here: importing sizes needs no Megatron
+
+        mlp_total = sum(h * muddformer_ffn_size(config, i) * mlp_factor for i in range(1, L + 1))
+        norms_total += L * 2 * h  # key and value input norms
+        for i in range(1, L + 1):  # depth aggregate: w1, w2, static weights, pre-norms, post-norms
+            C, k = (4 if i < L else 1), i + 1
+            connections += C * k * h + (C * k) ** 2 + C * k + k * h + C * h
+    elif config.arch == "hyperconnections":
+        n = config.hc_expansion_rate
+        hc = n * (n + 1) + n  # static alpha, beta
+        if config.hc_dynamic:
+            hc += h + h * (n + 1) + h + 2  # norm, dynamic alpha, beta, their two scales
+        connections = L * 2 * hc  # before attention and before the MLP
     parts = dict(
         embedding=vocab_size * h * (1 if tied_embeddings else 2),
         attention=L * attention,
-        mlp=L * mlp,
-        norms=L * norms + h,
+        mlp=mlp_total,
+        norms=norms_total,
         value_residual=value_residual,
+        connections=connections,
     )
     parts["total"] = sum(parts.values())
     return parts
