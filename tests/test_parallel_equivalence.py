@@ -1,18 +1,23 @@
 """Every parallel layout trains exactly like one rank: same losses, same gradients.
 
-For each arch, one rank trains 3 optimizer steps (AdamW, clip 1.0) of a tiny 4-layer GQA model from
-saved initial weights; then 4 gloo ranks train the same steps from the same weights at each layout
+For each arch (SATFormer, ResFormer, the Transformer and the DenseFormer, MUDDFormer and
+Hyper-Connections baselines), one rank trains 3 optimizer steps (AdamW, clip 1.0) of a tiny
+4-layer GQA model from saved initial weights; then 4 gloo ranks train the same steps from the same weights at each layout
 of tests/workers/equivalence.py (TP2, TP2+SP, PP2, PP2 x VPP2, TP2 x PP2, TP2+SP x PP2 x VPP2,
-DP4, and full/selective recompute). Compared, for every parameter under its global name (gate weights and layer 1's
-value projection included):
+DP4, and full/selective recompute; DenseFormer and MUDDFormer refuse full recompute). Compared, for
+every parameter under its global name (gates, lambdas, DWA weights, depth aggregates and
+hyper-connections included):
 
   * the loss of each of the 3 steps:            relative error <= 1e-5
   * the gradient after the first backward:      max |g - g_ref| <= 1e-5 * max |g_ref|
   * the parameter after the 3rd step:           max |p - p_ref| <= 5e-3 * max |p_ref|
 
-The last bound is looser because Adam divides by sqrt(v): for entries whose gradient is near its
-eps (1e-8) it turns float32 rounding differences of ~1e-7 into update differences of ~1e-3; the
-gradients themselves agree to 1e-6. Two process-group launches in all (1 rank, then 4 ranks).
+The initial weights are the arch's own init plus N(0, 0.02) noise, so that weights that start as
+exact constants (zero or one-hot connection weights) have real gradients from the first step, and
+Adam's eps is 1e-6: near eps, Adam's update lr * g / (|g| + eps) turns float32 rounding of a tiny
+gradient into +-lr (tests/workers/equivalence.py has the cases that showed it). The parameter bound
+is still looser than the gradient bound because Adam divides by sqrt(v), which amplifies rounding
+for entries with small gradients. Two process-group launches in all (1 rank, then 4 ranks).
 """
 
 import importlib.util
@@ -72,4 +77,4 @@ def test_layout_matches_one_rank(results, case):
     name, err = r["worst_param"]
     assert err <= PARAM_RTOL, f"{name} after 3 steps differs by {err:.2e} (relative to its max)"
     if not case.startswith("transformer"):
-        assert r["gate_and_v1_grads"], "no value-residual parameter was compared"
+        assert r["arch_grads"], "none of the arch's own parameters (gate, lambdas, connections) was compared"

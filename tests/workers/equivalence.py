@@ -32,12 +32,27 @@ from megatron_sat.training.checkpointing import load_model, save_model  # noqa: 
 from megatron_sat.training.step import build_optimizer, train_step, wrap_ddp  # noqa: E402
 
 VOCAB, SEQ, GLOBAL_BATCH, MBS, STEPS, SEED = 128, 16, 8, 1, 3, 1234
+# Every initial weight gets noise of this std before it is saved: the baselines start with exact
+# constants (zero W2 and static weights in MUDDFormer, one-hot DWA weights, zero dynamic
+# projections), where some gradients are zero in exact arithmetic and pure float32 rounding noise
+# (~1e-9) in practice. Adam's first update lr * g / (|g| + eps) turns that noise into +-lr, so with
+# MUDDFormer's own init the weights after 3 steps differed by 1.7x between layouts while every
+# gradient agreed to 1e-6. Perturbed weights give every parameter a real gradient and exercise
+# every connection from the first step. For the same reason Adam's eps is 1e-6 rather than 1e-8:
+# TP changes the order of reductions (gradients then agree to ~1e-6 of their max, not ~1e-7), and
+# with eps 1e-8 the entries whose gradient is that small moved by +-lr, e.g. DenseFormer's
+# linear_proj by 1.1e-2 of its max after 3 steps at TP2 while its losses agreed to 2e-6.
+INIT_NOISE = 0.02
+ADAM_EPS = 1e-6
 SIZES = dict(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=128)
 VARIANTS = {
     "transformer": dict(arch="transformer"),
     "resformer": dict(arch="resformer"),
     "satformer": dict(arch="satformer"),
     "satformer_last2_sigmoid": dict(arch="satformer", value_residual_last_k=2, value_residual_gate="sigmoid"),
+    "denseformer": dict(arch="denseformer"),
+    "muddformer": dict(arch="muddformer"),
+    "hyperconnections": dict(arch="hyperconnections"),
 }
 FULL_RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
 SELECTIVE_RECOMPUTE = dict(recompute_granularity="selective", recompute_modules=["core_attn"])
@@ -52,10 +67,15 @@ LAYOUTS = {
     "pp2_full_recompute": (Layout(pp=2), FULL_RECOMPUTE),
     "tp2_sp_selective_recompute": (Layout(tp=2, sp=True), SELECTIVE_RECOMPUTE),
 }
-CASES = [(v, lay) for v in ("transformer", "resformer", "satformer") for lay in LAYOUTS] + [
+# DenseFormer and MUDDFormer refuse full recompute (the config says why); selective is covered.
+CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconnections") for lay in LAYOUTS] + [
+    (v, lay) for v in ("denseformer", "muddformer") for lay in LAYOUTS if lay != "pp2_full_recompute"
+] + [
     ("satformer_last2_sigmoid", "tp2_pp2"),
     ("satformer_last2_sigmoid", "pp2_vpp2"),
 ]
+# what each arch adds to the Transformer: checked to be among the compared gradients
+ARCH_PARAMS = ("value_residual", "dwa_weights", "depth_aggregate", "key_input_layernorm", "attention_hc", "mlp_hc")
 
 
 def batches(step: int, dp_rank: int, dp_size: int):
@@ -129,11 +149,15 @@ def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
     chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)
     init_dir = os.path.join(out, f"init_{variant}")
     if reference:
+        g = torch.Generator().manual_seed(SEED)
+        with torch.no_grad():
+            for _, p in sorted(chunks[0].named_parameters()):
+                p.add_(INIT_NOISE * torch.randn(p.shape, generator=g, dtype=p.dtype))
         save_model(chunks, init_dir)
     else:
         load_model(chunks, init_dir)
     chunks = wrap_ddp(chunks, config)
-    optimizer = build_optimizer(chunks, lr=1e-2, weight_decay=0.1, clip_grad=1.0)
+    optimizer = build_optimizer(chunks, lr=1e-2, weight_decay=0.1, clip_grad=1.0, eps=ADAM_EPS)
     losses, grads = [], None
     dp_rank = parallel_state.get_data_parallel_rank()
     for step in range(STEPS):
@@ -169,8 +193,7 @@ def compare(ref: dict, got: dict) -> dict:
         num_params=len(grad_err),
         worst_grad=max(grad_err.items(), key=lambda kv: kv[1]),
         worst_param=max(param_err.items(), key=lambda kv: kv[1]),
-        gate_and_v1_grads={k: v for k, v in grad_err.items()
-                           if "value_residual" in k or k.startswith("decoder.layers.0.self_attention.linear_qkv")},
+        arch_grads={k: v for k, v in grad_err.items() if any(tag in k for tag in ARCH_PARAMS)},
     )
 
 
