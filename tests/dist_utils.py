@@ -316,8 +316,9 @@ def init_megatron(tp: int = 1, pp: int = 1, vpp: int | None = None, cp: int = 1,
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+    from megatron_sat.parallel.layout import destroy
+
+    destroy()  # releases the previous layout's groups (Megatron's own destroy leaves them running)
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -27,7 +28,7 @@ from megatron.core import parallel_state  # noqa: E402
 
 from megatron_sat.model.config import make_config  # noqa: E402
 from megatron_sat.model.gpt import build_model  # noqa: E402
-from megatron_sat.parallel.layout import Layout, initialize, validate  # noqa: E402
+from megatron_sat.parallel.layout import Layout, destroy, initialize, validate  # noqa: E402
 from megatron_sat.training.checkpointing import load_model, save_model  # noqa: E402
 from megatron_sat.training.step import build_optimizer, train_step, wrap_ddp  # noqa: E402
 
@@ -214,18 +215,25 @@ def main():
         for variant, layout_name in CASES:
             if not keep(variant):
                 continue
+            wall, cpu = time.perf_counter(), time.process_time()
             record = run_case(variant, layout_name, args.out, reference=False)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             if record is not None:
                 ref = refs.setdefault(variant, None) or torch.load(os.path.join(args.out, f"ref_{variant}.pt"))
                 refs[variant] = ref
                 results[f"{variant}/{layout_name}"] = compare(ref, record)
                 r = results[f"{variant}/{layout_name}"]
                 print(f"{variant:>24} {layout_name:<28} loss rel err {r['loss_rel_err']:.1e}  "
-                      f"worst grad {r['worst_grad'][1]:.1e}  worst param {r['worst_param'][1]:.1e}", flush=True)
+                      f"worst grad {r['worst_grad'][1]:.1e}  worst param {r['worst_param'][1]:.1e}  "
+                      f"({wall:.1f} s, rank 0 CPU {cpu:.1f} s)", flush=True)
         if torch.distributed.get_rank() == 0:
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
-    parallel_state.destroy_model_parallel()
+    destroy()
+    # destroy() must release every group of every layout (forgotten gloo groups kept their threads running
+    # and slowed each case more than the last: megatron_sat.parallel.layout.destroy)
+    left = [g for g in torch.distributed.distributed_c10d._world.pg_map if g is not torch.distributed.group.WORLD]
+    assert not left, f"{len(left)} process groups outlived megatron_sat.parallel.layout.destroy()"
     torch.distributed.destroy_process_group()
 
 
