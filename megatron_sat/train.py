@@ -1,7 +1,8 @@
-"""Pretrain a Transformer, ResFormer or SATFormer on Megatron-Core: one program, laptop CPU to GPU cluster.
+"""Pretrain a Transformer, ResFormer or SATFormer (or the DenseFormer, MUDDFormer and Hyper-Connections
+baselines) on Megatron-Core: one program, laptop CPU to GPU cluster.
 
     python -m megatron_sat.train --recipe demo                          # `make demo`: CPU, a few minutes
-    python -m megatron_sat.train --recipe debug_satformer               # seconds, mock data
+    python -m megatron_sat.train --recipe debug_satformer               # seconds, mock data (debug_<arch>)
     torchrun --nproc-per-node 4 -m megatron_sat.train --recipe debug_satformer \\
         --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
     srun -n 64 python -m megatron_sat.train --arch satformer --num-layers 24 --hidden-size 2048 \\

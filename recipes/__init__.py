@@ -88,6 +88,21 @@ def debug_satformer() -> dict:
 
 
 @register()
+def debug_denseformer() -> dict:
+    return _debug("denseformer")
+
+
+@register()
+def debug_muddformer() -> dict:
+    return _debug("muddformer")
+
+
+@register()
+def debug_hyperconnections() -> dict:
+    return _debug("hyperconnections")
+
+
+@register()
 def demo() -> dict:
     """`make demo`: a small SATFormer on the embedded corpus (Python's own docs), BPE vocabulary 4096,
     a few minutes on 2 CPU cores. Data and tokenizer are cached in runs/demo/data."""

@@ -1,5 +1,5 @@
-"""The paper's scaling grid as named recipes: `{arch}_{scale}` for arch in transformer / resformer / satformer
-and scale in 130M / 340M / 760M / 1.3B (12 recipes), e.g.
+"""The paper's scaling grid as named recipes: `{arch}_{scale}` for arch in transformer / resformer / satformer and
+the baselines denseformer / muddformer / hyperconnections, and scale in 130M / 340M / 760M / 1.3B (24 recipes), e.g.
 
     python -m megatron_sat.train --recipe satformer_760M --data-path DATA --tokenizer-model TOK  # flags override
     python tools/plan_layout.py --recipe satformer_1.3B --nodes 2 --micro-batch-size 2            # check a layout
@@ -15,19 +15,30 @@ Context 4096, global batch 512 sequences = 2,097,152 tokens per step (the paper'
 
 The authors' config defects, fixed here (and in PAPER_SCALES):
   1. SATFormer xl says 24 heads with d_model 2048 (head dim 85.33: the QKV reshape fails). Fixed: 32 heads of
-     64, as their Transformer and ResFormer xl files (so the three archs have identical shapes).
+     64, as their Transformer and ResFormer xl files (so all archs have identical shapes).
   2. Transformer medium uses 4 KV heads while every other config is multi-head. Fixed: 16 KV heads (MHA), so
-     that archs at one scale differ only in the value residual. The authors' literal Transformer medium is
-     `--recipe transformer_340M --num-query-groups 4`.
+     that archs at one scale differ only in the arch (the value residual or the baselines' connections). The
+     authors' literal Transformer medium is `--recipe transformer_340M --num-query-groups 4`.
   Kept as published (not a defect, an arch-specific choice): Transformer xl peak lr 5e-4 (others 8e-4).
-Not registered: DenseFormer, MUDDFormer and Hyper-Connections, the paper's dense baselines, are not
-implemented in megatron_sat yet (their recipes would name an arch the trainer refuses); the authors have no
-xl config for them either. Add them to ARCHS here once the models exist.
+
+The baselines (megatron_sat/model/{denseformer,muddformer,hyperconnections}.py) take the same shapes, schedule
+and layout as the other archs at each scale, plus their own switches as in the authors' configs (ARCH_OPTIONS):
+  denseformer        depth-weighted average after every block, dilation 1, period 1 (the only setting built;
+                     no flag)
+  muddformer         4 ways (Q, K, V, R), param_realloc (FFN 0.5x -> 1.5x over depth), pre/post depth-aggregate
+                     norms (ways and norms are fixed in the model; --no-muddformer-param-realloc turns realloc off)
+  hyperconnections   expansion rate 4, dynamic, tanh (--hc-expansion-rate, --hc-static; tanh is fixed)
+The authors have no xl (1.3B) config for these three baselines. Their 1.3B recipes exist anyway, for a uniform
+grid: the xl shape above and the xl lr 8e-4 of the authors' non-Transformer archs (their Transformer alone uses
+5e-4); they are this project's choice, not a published configuration.
+Limits: no FP8 for the baselines, DenseFormer / MUDDFormer refuse full activation recompute (every recipe here
+uses selective), and HF conversion does not support them.
 
 Cluster layout: every recipe has a default `CLUSTERS[scale]` (nodes, GPUs per node, GPU kind, a time limit per
 job) next to its TP/PP/micro-batch settings (trainer flags in the recipe itself). The layouts were checked with
-megatron_sat.parallel.planner (memory estimate per H100 80 GB). Command-line flags override both: trainer flags
-(--tensor-model-parallel-size, --micro-batch-size, ...) and --nodes / --gpus-per-node / --gpu in tools/.
+megatron_sat.parallel.planner (memory estimate per H100 80 GB; for the baselines it leaves out their extra
+activations, as tools/plan_layout.py says, so check their memory on a GPU). Command-line flags override both:
+trainer flags (--tensor-model-parallel-size, --micro-batch-size, ...) and --nodes / --gpus-per-node / --gpu in tools/.
 """
 
 import math
@@ -38,8 +49,14 @@ from recipes import RECIPES, base, register
 
 from megatron_sat.model.sizes import PAPER_SCALES, PAPER_SEQ_LENGTH, PAPER_VOCAB
 
-ARCHS = ("transformer", "resformer", "satformer")  # implemented archs with paper recipes
-NOT_IMPLEMENTED = ("denseformer", "muddformer", "hyper_connections")
+# = megatron_sat.model.config.ARCHS (tests check it): every arch has a recipe at every scale
+ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
+# the baselines' switches, as in the authors' configs (trainer argument dests; equal to the defaults, set here
+# so that a recipe states what it runs)
+ARCH_OPTIONS = {
+    "muddformer": dict(muddformer_param_realloc=True),
+    "hyperconnections": dict(hc_expansion_rate=4, hc_dynamic=True),
+}
 SCALES = tuple(PAPER_SCALES)  # ("130M", "340M", "760M", "1.3B")
 GLOBAL_BATCH = 512  # sequences per step: 512 x 4096 = 2,097,152 tokens
 SEQ_LENGTH = PAPER_SEQ_LENGTH
@@ -105,7 +122,7 @@ def paper(arch: str, scale: str) -> dict:
     lr = dict(sched.arch_lr).get(arch, sched.lr)
     tokens_per_step = GLOBAL_BATCH * SEQ_LENGTH
     out = base(lr=lr)
-    out.update(arch=arch, **PAPER_SCALES[scale], **LAYOUTS[scale],
+    out.update(arch=arch, **ARCH_OPTIONS.get(arch, {}), **PAPER_SCALES[scale], **LAYOUTS[scale],
                seq_length=SEQ_LENGTH, global_batch_size=GLOBAL_BATCH, vocab_size=PAPER_VOCAB,
                train_iters=steps(sched.tokens), lr_warmup_iters=round(sched.warmup_tokens / tokens_per_step),
                rotary_base=10000, recompute_granularity="selective",
@@ -194,6 +211,66 @@ def resformer_1p3B():
 @register("satformer_1.3B")
 def satformer_1p3B():
     return paper("satformer", "1.3B")
+
+
+@register()
+def denseformer_130M():
+    return paper("denseformer", "130M")
+
+
+@register()
+def muddformer_130M():
+    return paper("muddformer", "130M")
+
+
+@register()
+def hyperconnections_130M():
+    return paper("hyperconnections", "130M")
+
+
+@register()
+def denseformer_340M():
+    return paper("denseformer", "340M")
+
+
+@register()
+def muddformer_340M():
+    return paper("muddformer", "340M")
+
+
+@register()
+def hyperconnections_340M():
+    return paper("hyperconnections", "340M")
+
+
+@register()
+def denseformer_760M():
+    return paper("denseformer", "760M")
+
+
+@register()
+def muddformer_760M():
+    return paper("muddformer", "760M")
+
+
+@register()
+def hyperconnections_760M():
+    return paper("hyperconnections", "760M")
+
+
+@register("denseformer_1.3B")  # no authors' xl config for this baseline: the xl shape and lr, for a uniform grid
+def denseformer_1p3B():
+    return paper("denseformer", "1.3B")
+
+
+@register("muddformer_1.3B")  # no authors' xl config for this baseline: the xl shape and lr, for a uniform grid
+def muddformer_1p3B():
+    return paper("muddformer", "1.3B")
+
+
+@register("hyperconnections_1.3B")  # no authors' xl config for this baseline: the xl shape and lr, for a uniform grid
+def hyperconnections_1p3B():
+    return paper("hyperconnections", "1.3B")
 
 
 GRID = [recipe_name(a, s) for s in SCALES for a in ARCHS]

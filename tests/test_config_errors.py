@@ -22,6 +22,12 @@ def _config(**overrides):
         (dict(num_layers=1), "needs num_layers >= 2"),
         (dict(arch="resformer", num_layers=1), "needs num_layers >= 2"),
         (dict(resformer_lambdas="frozen"), "unknown resformer_lambdas 'frozen'"),
+        (dict(arch="denseformer", recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+         "arch 'denseformer' carries every earlier layer's output.*use recompute_granularity='selective'"),
+        (dict(arch="muddformer", recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+         "arch 'muddformer' carries every earlier layer's output"),
+        (dict(arch="hyperconnections", fp8="hybrid"), "FP8 is not supported for the hyperconnections baseline"),
+        (dict(arch="hyperconnections", hc_expansion_rate=0), r"hc_expansion_rate must be >= 1 \(got 0\)"),
     ],
 )
 def test_bad_model_config(overrides, message):

@@ -27,16 +27,40 @@ def _tool(*args, expect=0):
     return proc.stdout
 
 
+ALL_ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
+
+
 def test_grid_is_registered_with_trainer_arguments_only():
-    assert paper.GRID == [f"{a}_{s}" for s in ("130M", "340M", "760M", "1.3B")
-                          for a in ("transformer", "resformer", "satformer")]
+    from megatron_sat.model import config
+    from megatron_sat.training import arguments
+
+    assert paper.ARCHS == ALL_ARCHS == config.ARCHS == arguments.ARCHS  # every arch has the whole grid
+    assert (arguments.DENSE_ARCHS, arguments.GATES) == (config.DENSE_ARCHS, config.GATES)  # import-free copies
+    assert paper.GRID == [f"{a}_{s}" for s in ("130M", "340M", "760M", "1.3B") for a in ALL_ARCHS]
+    assert len(paper.GRID) == 24
     dests = {a.dest for a in build_parser()._actions}
     for name in paper.GRID:
         values = recipes.get(name)
         assert set(values) <= dests, (name, set(values) - dests)
-    for arch in paper.NOT_IMPLEMENTED:  # no recipe may name an arch the trainer refuses
-        assert not [n for n in recipes.RECIPES if n.startswith(arch)]
-    assert {"debug_transformer", "debug_resformer", "debug_satformer"} <= set(recipes.RECIPES)
+        args = parse_args(["--recipe", name, "--mock-data"])  # every recipe passes the trainer's checks
+        assert args.arch == name.rsplit("_", 1)[0]
+    assert {f"debug_{a}" for a in ALL_ARCHS} <= set(recipes.RECIPES)
+
+
+def test_baseline_recipes_follow_the_authors_configs():
+    for scale in paper.SCALES:
+        hc = recipes.get(f"hyperconnections_{scale}")
+        assert (hc["hc_expansion_rate"], hc["hc_dynamic"]) == (4, True)  # expansion 4, dynamic (tanh in the model)
+        assert recipes.get(f"muddformer_{scale}")["muddformer_param_realloc"] is True  # 4 ways, pre/post norms
+        for arch in ("denseformer", "muddformer", "hyperconnections"):
+            r = recipes.get(f"{arch}_{scale}")
+            assert r["recompute_granularity"] == "selective"  # the dense archs refuse full recompute
+            assert r["lr"] == recipes.get(f"satformer_{scale}")["lr"]  # no xl config of theirs: 8e-4 at 1.3B
+    assert recipes.get("hyperconnections_1.3B")["lr"] == 8e-4 != recipes.get("transformer_1.3B")["lr"]
+    args = parse_args(["--recipe", "hyperconnections_760M", "--mock-data", "--hc-static", "--hc-expansion-rate", "2"])
+    assert (args.hc_dynamic, args.hc_expansion_rate) == (False, 2)
+    assert parse_args(["--recipe", "muddformer_130M", "--mock-data", "--no-muddformer-param-realloc"]) \
+        .muddformer_param_realloc is False
 
 
 @pytest.mark.parametrize("scale, lr, warmup, iters", [("130M", 2e-3, 24, 2385), ("340M", 1.5e-3, 48, 4769),
@@ -60,7 +84,9 @@ def test_author_config_defects_are_fixed():
         assert r["hidden_size"] % r["num_attention_heads"] == 0, name  # SATFormer xl had 24 heads at 2048
         assert r["num_query_groups"] == r["num_attention_heads"], name  # Transformer medium had 4 KV heads
     assert recipes.get("satformer_1.3B")["num_attention_heads"] == 32
-    shapes = {s: {tuple(sorted((k, v) for k, v in recipes.get(f"{a}_{s}").items() if k not in ("arch", "lr", "min_lr")))
+    own = {k for options in paper.ARCH_OPTIONS.values() for k in options}  # a baseline's own switches
+    shapes = {s: {tuple(sorted((k, v) for k, v in recipes.get(f"{a}_{s}").items()
+                               if k not in ("arch", "lr", "min_lr") and k not in own))
                   for a in paper.ARCHS} for s in paper.SCALES}
     assert all(len(v) == 1 for s, v in shapes.items() if s != "1.3B")  # archs differ only in arch (and xl lr)
 
@@ -153,18 +179,27 @@ def test_plan_layout_cli():
     out = _tool("tools/plan_layout.py", "--recipe", "satformer_1.3B", "--nodes", "1", "--micro-batch-size", "16",
                 expect=1)
     assert "exceeds 90%" in out
+    assert "note" not in _tool("tools/plan_layout.py", "--recipe", "satformer_760M")
+    for recipe in ("muddformer_760M", "hyperconnections_1.3B"):
+        out = _tool("tools/plan_layout.py", "--recipe", recipe)
+        assert "status    OK" in out and "GPU hours" in out
+        assert f"memory excludes {recipe.split('_')[0]}'s extra activations" in out  # never silently low
+    out = _tool("tools/plan_layout.py", "--recipe", "denseformer_130M", "--recompute-granularity", "full", expect=1)
+    assert "--recompute-granularity full is not supported for --arch denseformer" in out
 
 
 def test_submit_grid_dry_run_prints_table_and_sbatch_lines():
     out = _tool("tools/submit_grid.py", "--dry-run", "--seeds", "1,2", "--segments", "2")
-    rows = [line for line in out.splitlines() if re.match(r"(transformer|resformer|satformer)_", line)]
-    assert len(rows) == 24  # 3 archs x 4 scales x 2 seeds
+    rows = [line for line in out.splitlines()
+            if re.match(r"(transformer|resformer|satformer|denseformer|muddformer|hyperconnections)_", line)]
+    assert len(rows) == 48  # 6 archs x 4 scales x 2 seeds
     sbatch = [line for line in out.splitlines() if line.startswith("sbatch ")]
     assert len(sbatch) == 8  # one array per scale, 2 chained segments each
-    assert all("slurm/array.sbatch" in s and "--array=0-5" in s and "--gpus-per-node=8" in s for s in sbatch)
+    assert all("slurm/array.sbatch" in s and "--array=0-11" in s and "--gpus-per-node=8" in s for s in sbatch)
     assert sum("--dependency=afterany:" in s for s in sbatch) == 4
     assert all("MSAT_REQUEUE=0" in s for s in sbatch)
     assert "--nodes=4" in sbatch[-1] and "GPU hours in all" in out
+    assert "mem GiB leaves out the extra activations of denseformer, hyperconnections, muddformer" in out
 
 
 def test_sbatch_scripts():

@@ -38,6 +38,27 @@ def test_flops_hand_count_tiny():
     assert (res["gate"], res["mixing"]) == (0, 2 * 12)
 
 
+def test_flops_of_the_baselines_hand_count_tiny():
+    # the tiny config above (h=8, L=3): transformer forward 4112; the connections' terms written out
+    dense = flops_breakdown(_cfg("denseformer"), 5, 11)
+    assert dense["connections"] == (3 + 5 + 7) * 8  # layer i: weighted sum of i + 1 outputs, (2(i+1) - 1) h
+    assert flops_per_token(_cfg("denseformer"), 5, 11, training=False) == 4112 + 120
+    # Hyper-Connections n=2, dynamic, per sublayer: 2nh(n+1)=96 + 2nh=32 + 3n(n+2)=24 (weights), 2n(n+1)h=96 (mix),
+    # 2nh=32 (beta y +) = 280; 2 sublayers x 3 layers, + (n-1) h = 8 for the streams' sum in layer 3
+    hc = flops_breakdown(_cfg("hyperconnections", hc_expansion_rate=2, hc_dynamic=True), 5, 11)
+    assert hc["connections"] == 6 * 280 + 8
+    assert flops_breakdown(_cfg("hyperconnections", hc_expansion_rate=2, hc_dynamic=False), 5, 11)["connections"] \
+        == 6 * (96 + 32) + 8
+    # MUDDFormer, 4 ways (1 in the last layer): 2hCk + Ck + 2(Ck)^2 + Ck + C(2k-1)h + Ch per layer (k = i + 1)
+    mudd = flops_breakdown(_cfg("muddformer", muddformer_param_realloc=False), 5, 11)
+    per_layer = [2 * 8 * c * k + 2 * c * k + 2 * (c * k) ** 2 + c * (2 * k - 1) * 8 + c * 8
+                 for c, k in ((4, 2), (4, 3), (1, 4))]
+    assert mudd["connections"] == sum(per_layer) == 400 + 696 + 168
+    assert mudd["mlp"] == flops_breakdown(_cfg("transformer"), 5, 11)["mlp"]  # same FFN in every layer
+    realloc = flops_breakdown(_cfg("muddformer", muddformer_param_realloc=True), 5, 11)["mlp"]
+    assert realloc == 2 * 8 * (8 + 16 + 24) * 3  # FFN 0.5x, 1x, 1.5x of 16, multiples of 8
+
+
 def test_flops_match_parameter_rule_of_thumb_at_1b():
     # 6 N per token (N without embeddings) is the standard estimate: the exact count is close to it
     from megatron_sat.model.config import make_config
@@ -59,7 +80,8 @@ def test_peak_flops_table_and_cpu():
 
 
 def test_recipes_registry_and_overrides():
-    assert {"demo", "debug_transformer", "debug_resformer", "debug_satformer"} <= set(recipes.RECIPES)
+    assert {"demo", "debug_transformer", "debug_resformer", "debug_satformer", "debug_denseformer",
+            "debug_muddformer", "debug_hyperconnections"} <= set(recipes.RECIPES)
     dests = {a.dest for a in build_parser()._actions}
     for name in recipes.RECIPES:
         assert set(recipes.get(name)) <= dests, name
@@ -86,12 +108,62 @@ def test_validate_args_lists_every_problem():
     validate_args(build_parser().parse_args(["--mock-data", "--vocab-size", "64"]), world_size=2)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--arch", "denseformer", "--recompute-granularity", "full"],
+     "--recompute-granularity full is not supported for --arch denseformer"),
+    (["--arch", "muddformer", "--recompute-granularity", "full"],
+     "--recompute-granularity full is not supported for --arch muddformer"),
+    (["--arch", "hyperconnections", "--fp8-format", "hybrid"],
+     "--fp8-format is not supported for the hyperconnections baseline"),
+    (["--arch", "denseformer", "--fp8-format", "e4m3"], "--fp8-format is not supported for the denseformer baseline"),
+    (["--arch", "hyperconnections", "--hc-expansion-rate", "0"], "--hc-expansion-rate must be >= 1"),
+])
+def test_baseline_limits_are_refused_before_any_work(argv, message):
+    args = build_parser().parse_args(["--mock-data", "--vocab-size", "64", *argv])
+    with pytest.raises(ValueError, match=message):
+        validate_args(args, world_size=1)
+
+
+def test_baseline_flags_reach_the_model_config():
+    from megatron_sat.training.arguments import model_config_fields
+
+    parser = build_parser()
+    keys = ("hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
+    defaults = model_config_fields(parser.parse_args([]))
+    assert tuple(defaults[k] for k in keys) == (4, True, True)  # the authors' configs
+    fields = model_config_fields(parser.parse_args(["--hc-expansion-rate", "2", "--hc-static",
+                                                    "--no-muddformer-param-realloc"]))
+    assert tuple(fields[k] for k in keys) == (2, False, False)
+    validate_args(parser.parse_args(["--arch", "hyperconnections", "--recompute-granularity", "full", "--mock-data",
+                                     "--vocab-size", "64"]), world_size=1)  # HC checkpoints like any hidden state
+
+
 def test_help_renders():
     text = build_parser().format_help()
     for flag in ("--tensor-model-parallel-size", "--num-virtual-stages-per-pipeline-rank", "--global-batch-size",
                  "--exit-duration-in-mins", "--wandb-project", "--recipe", "--arch"):
         assert flag in text
     assert "--debug-inject-nan-at-step" not in text
+
+
+def test_model_config_errors_exit_2_before_any_work(tmp_path):
+    """Arch limits fail in argument checking (no megatron import); what only the model config knows fails
+    in the trainer before any data or folder is made. Exit 2, a message naming the problem, nothing written."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    for extra, message in (
+            (["--recipe", "debug_denseformer", "--recompute-granularity", "full"],
+             "--recompute-granularity full is not supported for --arch denseformer"),
+            (["--recipe", "debug_hyperconnections", "--fp8-format", "hybrid"],
+             "--fp8-format is not supported for the hyperconnections baseline"),
+            (["--recipe", "debug_resformer", "--num-layers", "1"], "arch 'resformer' mixes layer 1's values")):
+        proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", *extra, "--save", str(out)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert message in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+        assert not out.exists()
 
 
 def test_gpu_only_options_refused_cleanly_on_cpu(tmp_path):

@@ -8,6 +8,12 @@
 Any trainer flag (python -m megatron_sat.train --help) overrides the recipe; --nodes, --gpus-per-node and --gpu
 override its default cluster (recipes/paper.py CLUSTERS). Exit status 1 when a plan is invalid (a divisibility
 error, an inconsistent batch, or more memory than the GPU has).
+
+The memory model (megatron_sat/parallel/planner.py) counts the Llama block, V1 and the logits. For the baselines
+it leaves out their extra activations, and says so under the plan (BASELINE_MEMORY_NOTES): Hyper-Connections
+keeps n residual streams (n x the residual-stream activations), DenseFormer and MUDDFormer keep every earlier
+layer's output (MUDDFormer also its 4 streams and their per-layer norms). Their real memory is higher than
+printed: measure it with tools/profile_throughput.py on a GPU before trusting a tight layout.
 """
 
 import argparse
@@ -18,7 +24,26 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.parallel.planner import DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe  # noqa: E402
+from megatron_sat.parallel.planner import (  # noqa: E402
+    DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args)
+from megatron_sat.training.arguments import arch_errors  # noqa: E402
+
+# what the memory estimate leaves out, per arch (printed under the plan, so that a number is never silently low)
+BASELINE_MEMORY_NOTES = {
+    "denseformer": "every earlier layer's output X_0..X_i is kept for the depth-weighted averages",
+    "muddformer": "every earlier layer's output, its pre-normed copies and the 4 streams (Q, K, V, R) are kept "
+                  "for the depth aggregates",
+    "hyperconnections": "n residual streams are kept ([s, b, n x h] per sublayer, n = --hc-expansion-rate): "
+                        "about n x the residual-stream activations",
+}
+
+
+def memory_note(arch: str):
+    """The line printed under a plan whose memory estimate misses the arch's extra activations (None if none)."""
+    if arch not in BASELINE_MEMORY_NOTES:
+        return None
+    return (f"  note      memory excludes {arch}'s extra activations: {BASELINE_MEMORY_NOTES[arch]}; the real "
+            "figure is higher (measure it with tools/profile_throughput.py)")
 
 
 def main(argv=None) -> int:
@@ -44,7 +69,10 @@ def main(argv=None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        plan.errors += arch_errors(resolve_args(name, overrides))  # e.g. full recompute with a dense arch
         print(plan.format())
+        if plan.memory and memory_note(plan.arch):
+            print(memory_note(plan.arch))
         bad += not plan.ok
     return 1 if bad else 0
 

@@ -108,6 +108,7 @@ def _hours(h):
 def build(opts, trainer_flags):
     """Grid entries with plans and run names, and the array groups."""
     from megatron_sat.parallel.planner import make_plan
+    from megatron_sat.training.arguments import arch_errors
 
     rows = []
     for e in _entries(opts.archs, opts.scales, opts.seeds):
@@ -119,6 +120,7 @@ def build(opts, trainer_flags):
                 c[key] = getattr(opts, key)
         plan = make_plan(args, recipe=e["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"],
                          mfu=opts.mfu)
+        plan.errors += arch_errors(args)  # e.g. full recompute with a dense arch (the planner does not build it)
         rows.append(dict(e, flags=flags, name=name, cluster=c, plan=plan, args=args))
     groups = {}
     for r in rows:
@@ -128,6 +130,8 @@ def build(opts, trainer_flags):
 
 
 def table(rows) -> str:
+    from megatron_sat.training.arguments import BASELINE_ARCHS
+
     head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
             "run folder"]
     lines = []
@@ -144,6 +148,10 @@ def table(rows) -> str:
     total = sum(r["plan"].gpu_hours or 0 for r in rows)
     out.append(f"{len(rows)} run(s), {total:,.0f} GPU hours in all (at {100 * rows[0]['plan'].mfu:.0f}% MFU)"
                if rows else "no runs")
+    baselines = sorted({r["arch"] for r in rows if r["arch"] in BASELINE_ARCHS})
+    if baselines:
+        out.append(f"note: mem GiB leaves out the extra activations of {', '.join(baselines)} "
+                   "(see tools/plan_layout.py --recipe NAME); their real memory is higher")
     return "\n".join(out)
 
 

@@ -11,7 +11,10 @@ import os
 import sys
 from typing import List, Optional
 
-ARCHS = ("transformer", "resformer", "satformer")  # = megatron_sat.model.config.ARCHS (kept import-free)
+# = megatron_sat.model.config.ARCHS / DENSE_ARCHS / GATES (kept import-free; tests check they agree)
+ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
+BASELINE_ARCHS = ("denseformer", "muddformer", "hyperconnections")  # the paper's dense baselines: no FP8, no HF
+DENSE_ARCHS = ("denseformer", "muddformer")  # carry every earlier layer's output: no full recompute
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 
 
@@ -27,7 +30,8 @@ def _recipes():
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="megatron-sat-train",
-        description="Pretrain a Transformer / ResFormer / SATFormer on Megatron-Core.",
+        description="Pretrain a Transformer / ResFormer / SATFormer (or the DenseFormer, MUDDFormer and "
+                    "Hyper-Connections baselines) on Megatron-Core.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = p.add_argument
@@ -42,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     g("--value-residual-gate", default="relu", help=f"SATFormer gate, one of {', '.join(GATES)}")
     g("--value-residual-last-k", type=int, default=None, help="mix V1 into the last k layers only")
     g("--resformer-lambdas", default="learned", choices=["learned", "fixed"])
+    g("--hc-expansion-rate", type=int, default=4, help="hyperconnections: number of residual streams n")
+    g("--hc-static", dest="hc_dynamic", action="store_false",
+      help="hyperconnections: static connection weights only (default: dynamic, tanh, as the authors)")
+    g("--no-muddformer-param-realloc", dest="muddformer_param_realloc", action="store_false",
+      help="muddformer: same FFN width in every layer (default: 0.5x at layer 1 to 1.5x at layer L)")
     g("--rotary-base", type=int, default=10000)
     g("--recompute-granularity", default=None, choices=["full", "selective"])
     g("--recompute-num-layers", type=int, default=1)
@@ -139,6 +148,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append(f"unknown --arch {args.arch!r}; choose one of {', '.join(ARCHS)}")
     if args.value_residual_gate not in GATES:
         errors.append(f"unknown --value-residual-gate {args.value_residual_gate!r}; choose one of {', '.join(GATES)}")
+    errors += arch_errors(args)
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
         errors.append(f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}")
@@ -178,6 +188,27 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append("--ckpt-step needs --load")
     if errors:
         raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+
+
+def arch_errors(args: argparse.Namespace) -> List[str]:
+    """What the chosen arch refuses (the model config raises the same; here without importing megatron)."""
+    errors = []
+    if args.arch in BASELINE_ARCHS and args.fp8_format:
+        errors.append(f"--fp8-format is not supported for the {args.arch} baseline (BF16 only)")
+    if args.arch in DENSE_ARCHS and args.recompute_granularity == "full":
+        errors.append(f"--recompute-granularity full is not supported for --arch {args.arch} (it carries every "
+                      "earlier layer's output from layer to layer); use --recompute-granularity selective")
+    if args.arch == "hyperconnections" and args.hc_expansion_rate < 1:
+        errors.append(f"--hc-expansion-rate must be >= 1 (got {args.hc_expansion_rate})")
+    return errors
+
+
+def model_config_fields(args: argparse.Namespace) -> dict:
+    """The arch switches of megatron_sat.model.config.SATConfig, from parsed trainer arguments (every tool
+    that turns arguments into a model config passes these, so a new flag reaches all of them)."""
+    return dict(value_residual_gate=args.value_residual_gate, value_residual_last_k=args.value_residual_last_k,
+                resformer_lambdas=args.resformer_lambdas, hc_expansion_rate=args.hc_expansion_rate,
+                hc_dynamic=args.hc_dynamic, muddformer_param_realloc=args.muddformer_param_realloc)
 
 
 def _is_number(x: str) -> bool:

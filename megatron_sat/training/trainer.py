@@ -24,7 +24,8 @@ from megatron_sat import compat
 MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_layernorm", "gated_linear_unit",
                 "add_bias_linear", "init_method_std", "value_residual_gate", "value_residual_last_k",
-                "resformer_lambdas", "mixing_layers", "params_dtype", "sequence_parallel", "recompute_granularity")
+                "resformer_lambdas", "mixing_layers", "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc",
+                "params_dtype", "sequence_parallel", "recompute_granularity")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -88,6 +89,7 @@ def train(args) -> int:
     from megatron_sat.parallel.layout import Layout, initialize, validate
     from megatron_sat.profiling.flops import flops_per_token, peak_flops_per_device
     from megatron_sat.training import checkpointing as ckpt
+    from megatron_sat.training.arguments import model_config_fields
     from megatron_sat.training.data import build_iterators, tokenizer_and_data
     from megatron_sat.training.monitor import Monitor
     from megatron_sat.training.step import (build_optimizer, gpt_forward_step, loss_sum_and_count,
@@ -112,27 +114,26 @@ def train(args) -> int:
         return 2
     dp = layout.dp(world)
     num_micro = args.global_batch_size // (args.micro_batch_size * dp) if dp else None  # None: validate says why
-    tokenizer, data = tokenizer_and_data(args, log)
-    multiple = args.make_vocab_size_divisible_by * layout.tp  # as Megatron-LM: embedding rows split over TP
-    vocab_size = -(-tokenizer.vocab_size // multiple) * multiple
     recompute = {}
     if args.recompute_granularity == "full":
         recompute = dict(recompute_granularity="full", recompute_method="uniform",
                          recompute_num_layers=args.recompute_num_layers)
     elif args.recompute_granularity == "selective":
         recompute = dict(recompute_granularity="selective")
-    config = make_config(
-        args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
-        num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-        ffn_hidden_size=args.ffn_hidden_size, value_residual_gate=args.value_residual_gate,
-        value_residual_last_k=args.value_residual_last_k, resformer_lambdas=args.resformer_lambdas,
-        bf16=bf16, params_dtype=dtype, fp8=args.fp8_format, **layout.config_fields(dtype), **recompute,
-    )
-    try:
+    try:  # the model config and the layout are checked before any data is prepared
+        config = make_config(
+            args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
+            ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args),
+            bf16=bf16, params_dtype=dtype, fp8=args.fp8_format, **layout.config_fields(dtype), **recompute,
+        )
         validate(layout, config, world, seq_length=args.seq_length, num_microbatches=num_micro, backend=backend)
     except ValueError as err:  # every rank sees the same error: report it once, build nothing
         log(f"megatron-sat-train: error: {err}")
         return 2
+    tokenizer, data = tokenizer_and_data(args, log)
+    multiple = args.make_vocab_size_divisible_by * layout.tp  # as Megatron-LM: embedding rows split over TP
+    vocab_size = -(-tokenizer.vocab_size // multiple) * multiple
     initialize(layout, seed=args.seed)
 
     # model [chunks] -> (Float16Module) -> DDP; optimizer; scheduler
