@@ -1,13 +1,16 @@
 """tools/profile_throughput.py end to end on CPU, and its argument checks.
 
 One launch of the tool (its default --mode per-arch: one 2-process torchrun per arch, PP=2) on the
-debug recipe shapes for every implemented arch, 1 warm-up + 2 measured steps, with the DeepSpeed
-flops profiler and a torch.profiler trace of measured step 2 (about 1-2 minutes on 2 cores):
+debug recipe shapes for every arch (the three of the paper and the DenseFormer, MUDDFormer and
+Hyper-Connections baselines), 1 warm-up + 2 measured steps, with the DeepSpeed flops profiler and a
+torch.profiler trace of measured step 2 (about 2-4 minutes on 2 cores):
 
   * throughput.json / .csv / .png, the table on stdout, modules_<arch>.csv, trace_*.json, ops_*.txt;
-  * every figure present and positive, ratios 1 for the baseline, per-arch peak RSS;
-  * pipeline bytes per micro-batch = forward + backward message of [s, b, h + W] float32: W = 0 for the
-    Transformer, V1's width (KV heads x head dim) for the value-residual archs;
+  * every figure present and positive, ratios 1 for the baseline, per-arch peak RSS, SATFormer's
+    throughput and memory against every arch (the form of the paper's claims);
+  * pipeline bytes per micro-batch = forward + backward message of [s, b, W] float32: W = h for the
+    Transformer, h + V1's width (KV heads x head dim) for the value-residual archs, h + the history
+    X_0..X_2 (+ MUDDFormer's Q, K, V streams) for the dense archs, n x h for Hyper-Connections;
   * DeepSpeed's forward FLOPs over both stages within 5% of the analytic count (megatron_sat/profiling/
     flops.py), and SATFormer's extra (the gate's x @ W_alpha) within 5% of the analytic gate term.
 Timings are never asserted (shared 2-core machines). Bad arguments: exit 2 with a message naming the
@@ -25,8 +28,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "profile_throughput.py")
-ARCHS = ("transformer", "resformer", "satformer")
+ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 H, KV_HEADS, HEADS, SEQ, MBS = 64, 2, 4, 32, 2  # the debug recipes' shape (recipes/__init__.py)
+LAYERS, HC_STREAMS = 4, 4
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +79,29 @@ def test_figures_and_ratios(profiled):
                     "saved_activation_mib", "pipeline_bytes_per_microbatch", "params"):
             assert r[f"{key}_ratio"] == pytest.approx(r[key] / rows["transformer"][key]), (arch, key)
     assert rows["satformer"]["params"] - rows["transformer"]["params"] == 3 * KV_HEADS * H  # W_alpha, layers 2-4
+    assert rows["denseformer"]["params"] - rows["transformer"]["params"] == 2 + 3 + 4 + 5  # DWA weights per layer
+
+
+def test_satformer_against_every_arch(profiled):
+    """The paper states its throughput and memory claims as SATFormer vs a baseline: both are reported."""
+    _, result, stdout = profiled
+    rows = {r["arch"]: r for r in result["rows"]}
+    sat = rows["satformer"]
+    for arch, r in rows.items():
+        assert r["satformer_speedup"] == pytest.approx(sat["tokens_per_s_per_gpu"] / r["tokens_per_s_per_gpu"]), arch
+        assert r["satformer_memory_saving"] == pytest.approx(1 - sat["rss_above_start_mib"] / r["rss_above_start_mib"])
+    assert sat["satformer_speedup"] == 1 and sat["satformer_memory_saving"] == 0
+    assert "satformer vs" in stdout and "1.75x, 31% less memory" in stdout and "1.82x, 5% less memory" in stdout
 
 
 def test_pipeline_bytes(profiled):
     _, result, _ = profiled
     head_dim = H // HEADS
+    history = LAYERS // 2 + 1  # X_0..X_2 cross the boundary before layer 3
+    extra = dict(transformer=0, resformer=KV_HEADS * head_dim, satformer=KV_HEADS * head_dim,
+                 denseformer=history * H, muddformer=(3 + history) * H, hyperconnections=(HC_STREAMS - 1) * H)
     for r in result["rows"]:
-        width = H + (0 if r["arch"] == "transformer" else KV_HEADS * head_dim)
+        width = H + extra[r["arch"]]
         assert r["pipeline_message_shape"] == [SEQ, MBS, width]
         assert r["pipeline_message_bytes"] == SEQ * MBS * width * 4
         assert r["pipeline_bytes_per_microbatch"] == 2 * SEQ * MBS * width * 4  # one boundary, fwd + bwd
@@ -106,7 +126,9 @@ def _tool():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--archs", "transformer", "muddformer"], "not implemented"),
+    (["--archs", "transformer", "hyper_connections"], "did you mean hyperconnections?"),
+    (["--archs", "transformer", "denseformer", "--recompute", "full"],
+     "full recompute is not supported for denseformer"),
     (["--archs", "transformer", "gpt5"], "unknown arch"),
     (["--archs", "satformer", "resformer"], "--baseline transformer must be one of --archs"),
     (["--archs", "transformer", "transformer"], "twice"),

@@ -1,11 +1,14 @@
-"""Step time and memory of SATFormer and ResFormer against the Transformer, same size and layout.
+"""Step time and memory of every arch against the Transformer (and SATFormer against every arch), same size
+and layout.
 
     python tools/benchmark_step.py                                  # CPU-sized default
     python tools/benchmark_step.py --scale 760M --seq-length 4096 --bf16 --rounds 20   # on a GPU
 
 Forward+backward of one micro-batch per arch, the archs interleaved round by round in one process
 (megatron_sat/profiling/step_benchmark.py); prints each arch's median step time, saved-activation
-memory (and peak GPU memory on a GPU) with ratios to the Transformer. Goal on a GPU: <= 1.02.
+memory (and peak GPU memory on a GPU) with ratios to the Transformer. Goal on a GPU for SATFormer: <= 1.02.
+With satformer among --archs also SATFormer's speed-up and memory saving against each arch (the paper, 760M:
+1.75x / 1.82x faster than Hyper-Connections / MUDDFormer, 31% / 5% less memory).
 """
 
 import argparse
@@ -65,13 +68,21 @@ def main():
                                  vocab_size=args.vocab_size, rounds=args.rounds, warmup=args.warmup, bf16=args.bf16,
                                  backend=args.backend, log=lambda s: print(s, flush=True))
     rows = step_benchmark.summarize(results)
-    print(f"\n{'arch':<12} {'params':>13} {'step ms (med)':>14} {'min':>8} {'max':>8} {'time x':>7} "
+    w = max(12, *(len(a) for a in args.archs))
+    print(f"\n{'arch':<{w}} {'params':>13} {'step ms (med)':>14} {'min':>8} {'max':>8} {'time x':>7} "
           f"{'activ. MiB':>11} {'activ. x':>9} {'peak MiB':>9} {'peak x':>7}")
     for r in rows:
         peak = f"{r['peak_mib']:>9.0f} {r['peak_ratio']:>7.3f}" if r["peak_mib"] else f"{'n/a':>9} {'n/a':>7}"
-        print(f"{r['arch']:<12} {r['params']:>13,} {r['step_ms_median']:>14.1f} {r['step_ms_min']:>8.1f} "
+        print(f"{r['arch']:<{w}} {r['params']:>13,} {r['step_ms_median']:>14.1f} {r['step_ms_min']:>8.1f} "
               f"{r['step_ms_max']:>8.1f} {r['time_ratio']:>7.3f} {r['activation_mib']:>11.1f} "
               f"{r['activation_ratio']:>9.3f} {peak}")
+    if "satformer" in args.archs and len(args.archs) > 1:
+        print(f"\n{'satformer vs':<{w}} {'speed-up':>9} {'activ. saved':>13} {'peak saved':>11}")
+        for r in rows:
+            if r["arch"] != "satformer":
+                peak = "n/a" if r["satformer_peak_saving"] is None else f"{100 * r['satformer_peak_saving']:.1f}%"
+                print(f"{r['arch']:<{w}} {r['satformer_speedup']:>8.2f}x "
+                      f"{100 * r['satformer_activation_saving']:>12.1f}% {peak:>11}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=device, sizes=sizes, rows=rows), f, indent=1)

@@ -1,4 +1,4 @@
-"""Parameter counts of every arch at the paper's four scales.
+"""Parameter counts of every arch (megatron_sat.model.config.ARCHS) at the paper's four scales.
 
     python tools/param_counts.py            # the table
     python tools/param_counts.py --json     # machine-readable
@@ -32,10 +32,13 @@ def main():
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'scale':>6} {'arch':<12} {'total':>15} {'non-embedding':>15} {'value residual':>15}")
-    for r in rows:
-        print(f"{r['scale']:>6} {r['arch']:<12} {r['total']:>15,} {r['total'] - r['embedding']:>15,} "
-              f"{r['value_residual']:>15,}")
+    width = max(len(a) for a in ARCHS)
+    print(f"{'scale':>6} {'arch':<{width}} {'total':>15} {'non-embedding':>15} {'value residual':>15} "
+          f"{'connections':>12} {'vs transformer':>15}")
+    base = {r["scale"]: r["total"] for r in rows if r["arch"] == "transformer"}
+    for r in rows:  # connections: DenseFormer / MUDDFormer / Hyper-Connections weights (0 for the others)
+        print(f"{r['scale']:>6} {r['arch']:<{width}} {r['total']:>15,} {r['total'] - r['embedding']:>15,} "
+              f"{r['value_residual']:>15,} {r.get('connections', 0):>12,} {r['total'] - base[r['scale']]:>+15,}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Throughput and memory of the real training step, per arch, against the Transformer.
 
-CPU (debug sizes; every arch, one process per arch and repeat, about a minute on 2 cores):
+CPU (debug sizes; every arch, one process per arch and repeat, a few minutes on 2 cores):
     python tools/profile_throughput.py --recipe debug_satformer --out runs/profile_cpu
     python tools/profile_throughput.py --recipe debug_satformer --nproc 2 --pp 2 --out runs/profile_pp2
     python tools/profile_throughput.py --recipe debug_satformer --flops-profile --trace-steps 2-2 --out runs/p
@@ -22,7 +22,9 @@ measured steps. Machine drift is cancelled by alternation:
 Per arch: tokens/s per GPU, step time (median, min, max), MFU (analytic FLOPs, megatron_sat/
 profiling/flops.py; on CPU only with --peak-tflops), peak memory, saved activations per micro-batch,
 pipeline bytes per micro-batch (PP > 1, counted in the communicator) and every figure's ratio to
-the baseline. Outputs in --out: throughput.json / .csv / .png (+ raw/ and logs/), the table on
+the baseline; with satformer in --archs also SATFormer's throughput and memory against every other arch
+(the form of the paper's claims: 1.75x / 1.82x the throughput of Hyper-Connections / MUDDFormer at 760M,
+31% / 5% less memory). Outputs in --out: throughput.json / .csv / .png (+ raw/ and logs/), the table on
 stdout; with --flops-profile modules_<arch>.csv (DeepSpeed's per-module FLOPs and latency) and with
 --trace-steps torch.profiler traces (trace_*.json, ops_*.txt) of those measured steps on --trace-rank.
 Exit status: 0, or 2 on bad arguments (message on stderr), 1 when a run fails (its log tail shown).
@@ -39,11 +41,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_sat.training.arguments import ARCHS  # noqa: E402  (import-free: no megatron here)
+from megatron_sat.training.arguments import ARCHS, DENSE_ARCHS  # noqa: E402  (import-free: no megatron here)
 
-NOT_IMPLEMENTED = ("denseformer", "muddformer", "hyper_connections", "hyperconnections", "hc", "mudd")
+ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
+           "mudd": "muddformer", "dwa": "denseformer"}  # other spellings of the baselines, for a hint
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
-ARCH_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas")
+ARCH_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas", "hc_expansion_rate", "hc_dynamic",
+             "muddformer_param_realloc")
 
 
 def _job_world() -> int:
@@ -115,9 +119,9 @@ def _resolve(args, parser) -> dict:
     """The run's settings from recipe/scale + flags; parser.error on anything invalid (no megatron import)."""
     bad = [a for a in args.archs if a not in ARCHS]
     if bad:
-        later = [a for a in bad if a.lower().replace("-", "_") in NOT_IMPLEMENTED]
-        why = f" ({', '.join(later)}: a paper baseline not implemented in megatron_sat yet)" if later else ""
-        parser.error(f"unknown arch(s) {', '.join(bad)}; available: {', '.join(ARCHS)}{why}")
+        hints = [f"{a}: did you mean {ALIASES[a.lower()]}?" for a in bad if a.lower() in ALIASES]
+        parser.error(f"unknown arch(s) {', '.join(bad)}; available: {', '.join(ARCHS)}"
+                     + (f" ({'; '.join(hints)})" if hints else ""))
     if len(set(args.archs)) != len(args.archs):
         parser.error(f"--archs lists an arch twice: {' '.join(args.archs)}")
     if args.baseline not in args.archs:
@@ -187,9 +191,12 @@ def _resolve(args, parser) -> dict:
         errors.append(f"--trace-rank {args.trace_rank} is not a rank of a world of {world}")
     if args.mode == "per-arch" and env_world:
         errors.append("--mode per-arch launches its own processes: run it outside torchrun/srun (with --nproc)")
+    recompute = args.recompute or base.get("recompute_granularity") or "none"
+    dense = [a for a in args.archs if a in DENSE_ARCHS]
+    if recompute == "full" and dense:
+        errors.append(f"full recompute is not supported for {', '.join(dense)}: use --recompute selective")
     if errors:
         parser.error("\n  ".join(["invalid settings:"] + errors))
-    recompute = args.recompute or base.get("recompute_granularity") or "none"
     rec = {} if recompute == "none" else (dict(recompute_granularity="selective") if recompute == "selective" else
                                           dict(recompute_granularity="full", recompute_method="uniform",
                                                recompute_num_layers=base.get("recompute_num_layers", 1)))

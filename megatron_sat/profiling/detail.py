@@ -9,7 +9,9 @@
   (decoder.layers.*.self_attention...), with forward FLOPs, parameters and forward latency
   (DeepSpeed's hooks synchronise the device around each module) and their shares of the total.
   It counts matmuls, not elementwise ops written as Python operators (the value-residual mix
-  `v + alpha * v1` is invisible to it); the gate's x @ W_alpha is counted.
+  `v + alpha * v1` is invisible to it); the gate's x @ W_alpha is counted. Its matmul rule counts a
+  matrix @ vector product (Hyper-Connections' normed streams @ w_beta) as if the vector were a
+  square matrix; `_matmul_flops` replaces that rule while profiling.
 * `torch_trace`: a torch.profiler trace of one step, `trace_<name>.json` (open in chrome://tracing
   or https://ui.perfetto.dev) and `ops_<name>.txt`, the top operators by self time.
 """
@@ -61,8 +63,21 @@ def _drop_cached_torch_functions() -> None:
             del proxy.__dict__[name]
 
 
+def _matmul_flops(input, other, *, out=None):
+    """DeepSpeed's matmul count (2 x MACs), right for 1-D operands too: [..., k] @ [k] is prod(input) MACs,
+    [k] @ [..., k, n] is prod(other) MACs (DeepSpeed multiplies by other.shape[-1] = k in the first case)."""
+    if other.dim() == 1:
+        macs = input.numel()
+    elif input.dim() == 1:
+        macs = other.numel()
+    else:
+        macs = input.numel() * other.shape[-1]
+    return 2 * macs, macs
+
+
 def flops_profile(run, out_dir: str, tag: str, write: bool) -> dict:
     """DeepSpeed's forward FLOPs of `run` (a throughput.ArchRun); collective: every rank must call it."""
+    from deepspeed.profiling.flops_profiler import profiler as ds
     from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler, get_module_duration, get_module_flops
 
     from megatron_sat.training.step import run_forward_backward
@@ -71,7 +86,11 @@ def flops_profile(run, out_dir: str, tag: str, write: bool) -> dict:
     container = torch.nn.ModuleList(run.inner)  # never called: only its children run
     prof = FlopsProfiler(container)
     _drop_cached_torch_functions()
-    prof.start_profile()
+    ds_matmul, ds._matmul_flops_compute = ds._matmul_flops_compute, _matmul_flops  # read when the patch is made
+    try:
+        prof.start_profile()
+    finally:
+        ds._matmul_flops_compute = ds_matmul
     try:
         with torch.no_grad():
             run_forward_backward(run.chunks, run.optimizer, run.config, iter(run.data),

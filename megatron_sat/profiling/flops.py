@@ -12,6 +12,15 @@ only where they are part of the value-residual mechanism, since they are what di
     per mixing layer (layers 2..L, or the last k):
         SATFormer               2 h ng (x @ W_alpha) + ng (gate fn) + 2 ng d (alpha * V1, + V)
         ResFormer               3 ng d (l1 * V1, l2 * V, +)
+    connections of the baselines (key "connections"), per layer i = 1..L with k = i + 1 earlier outputs:
+        DenseFormer             (2k - 1) h                       weighted sum of X_0..X_i
+        MUDDFormer              C ways (4; 1 in layer L): 2 h Ck + Ck + 2 (Ck)^2 + Ck (W1, GELU, W2, + static)
+                                + C (2k - 1) h + C h             (weighted sums, + X_i)
+                                and the MLP term with its per-layer FFN widths (param_realloc)
+        Hyper-Connections       n streams, per sublayer (2 per layer):
+                                dynamic: 2 n h (n+1) + 2 n h (weights from the normed streams) + 3 n (n+2)
+                                (tanh, scale, + static); 2 n (n+1) h (width mix) + 2 n h (beta y +);
+                                layer L: (n - 1) h (the streams' sum)
     once per token              2 h V (logits)
     training = 3 x forward (backward = 2 x forward); recomputation is not counted (model FLOPs).
 Norms, RoPE, softmax and the loss are left out, as in the usual MFU conventions.
@@ -52,7 +61,35 @@ def flops_breakdown(cfg, seq_length: int, vocab_size: int) -> dict:
         out["mixing"] = m * 2 * ng * d
     elif cfg.arch == "resformer":
         out["mixing"] = m * 3 * ng * d
+    out["connections"] = _connections(cfg, h, L)
+    if cfg.arch == "muddformer" and getattr(cfg, "muddformer_param_realloc", True):
+        from types import SimpleNamespace
+
+        from megatron_sat.model.config import muddformer_ffn_size  # importing it needs no Megatron process group
+
+        shape = SimpleNamespace(ffn_hidden_size=f, num_layers=L, muddformer_param_realloc=True)
+        out["mlp"] = sum(2 * h * muddformer_ffn_size(shape, i) * mlp_mats for i in range(1, L + 1))
     return out
+
+
+def _connections(cfg, h: int, L: int) -> int:
+    """Forward FLOPs per token of the baselines' connections (module docstring); 0 for the other archs."""
+    arch = getattr(cfg, "arch", "transformer")
+    if arch == "denseformer":
+        return sum((2 * (i + 1) - 1) * h for i in range(1, L + 1))
+    if arch == "muddformer":
+        total = 0
+        for i in range(1, L + 1):
+            c, k = (4 if i < L else 1), i + 1
+            total += 2 * h * c * k + c * k + 2 * (c * k) ** 2 + c * k + c * (2 * k - 1) * h + c * h
+        return total
+    if arch == "hyperconnections":
+        n = getattr(cfg, "hc_expansion_rate", 4)
+        per_sublayer = 2 * n * (n + 1) * h + 2 * n * h
+        if getattr(cfg, "hc_dynamic", True):
+            per_sublayer += 2 * n * h * (n + 1) + 2 * n * h + 3 * n * (n + 2)
+        return L * 2 * per_sublayer + (n - 1) * h
+    return 0
 
 
 def flops_per_token(cfg, seq_length: int, vocab_size: int, training: bool = True) -> int:

@@ -13,6 +13,9 @@ per arch:
     saved_activation_mib            bytes autograd saves for one micro-batch's forward (max over ranks)
     pipeline_bytes_per_microbatch   sent by all ranks of one model replica, forward + backward (PP > 1)
     <figure>_ratio                  the figure over the baseline arch's (transformer by default)
+    satformer_speedup               when SATFormer is in the run: its tokens/s over this arch's, and
+    satformer_memory_saving         1 - its memory / this arch's (GPU peak allocated; CPU: RSS above
+                                    start), the form of the paper's 760M claims (PAPER_SATFORMER_VS)
 
 Written as <out>/throughput.json (settings, rows, notes), throughput.csv, throughput.png (matplotlib,
 Agg backend) and printed as a table.
@@ -27,6 +30,10 @@ MIB = 2 ** 20
 RATIO_KEYS = ("step_s_median", "step_s_min", "step_cpu_s_median", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu",
               "flops_per_token", "gpu_peak_allocated_mib", "gpu_peak_reserved_mib", "max_rss_mib",
               "rss_above_start_mib", "saved_activation_mib", "pipeline_bytes_per_microbatch", "params")
+
+
+# the paper's 760M figures for SATFormer against two baselines: (throughput x, memory saving)
+PAPER_SATFORMER_VS = {"hyperconnections": (1.75, 0.31), "muddformer": (1.82, 0.05)}
 
 
 def merge_runs(records: list) -> dict:
@@ -89,7 +96,19 @@ def summarize(raw: dict, settings: dict, peak_flops=None, baseline: str = "trans
         for key in RATIO_KEYS:
             a, b = row.get(key), (base or {}).get(key)
             row[f"{key}_ratio"] = a / b if a is not None and b else None
+    sat = next((row for row in rows if row["arch"] == "satformer"), None)
+    if sat is not None:
+        mem = _memory_key(rows)
+        for row in rows:
+            row["satformer_speedup"] = sat["tokens_per_s_per_gpu"] / row["tokens_per_s_per_gpu"]
+            a, b = sat.get(mem) if mem else None, row.get(mem) if mem else None
+            row["satformer_memory_saving"] = 1 - a / b if a is not None and b else None
     return rows
+
+
+def _memory_key(rows: list):
+    """The memory figure of the run: GPU peak allocated, else the CPU's RSS above start (None if neither)."""
+    return next((k for k in ("gpu_peak_allocated_mib", "rss_above_start_mib") if rows[0].get(k) is not None), None)
 
 
 def write_outputs(out_dir: str, settings: dict, rows: list, notes: list, modules: dict = None) -> dict:
@@ -113,18 +132,19 @@ def _fmt(x, spec=".3f", none="n/a"):
 
 def format_table(rows: list) -> str:
     """The console table: one line per arch, ratios to the baseline in the 'x' columns."""
-    mem_key = next((k for k in ("gpu_peak_allocated_mib", "rss_above_start_mib") if rows[0].get(k) is not None), None)
+    mem_key = _memory_key(rows)
     mem_name = {"gpu_peak_allocated_mib": "GPU peak MiB", "rss_above_start_mib": "RSS+ MiB"}.get(mem_key, "memory")
     pipe = rows[0].get("pipeline_bytes_per_microbatch") is not None
     cpu = rows[0].get("gpu_peak_allocated_mib") is None and rows[0].get("step_cpu_s_median") is not None
-    head = (f"{'arch':<12} {'params':>12} {'step ms med':>11} {'min':>8} {'max':>8} {'x':>6} "
+    w = max(12, *(len(r["arch"]) for r in rows))
+    head = (f"{'arch':<{w}} {'params':>12} {'step ms med':>11} {'min':>8} {'max':>8} {'x':>6} "
             + (f"{'CPU ms':>8} {'x':>6} " if cpu else "") + f"{'tok/s/GPU':>10} "
             f"{'x':>6} {'MFU':>6} {mem_name:>12} {'x':>6} {'act MiB':>8} {'x':>6}")
     if pipe:
         head += f" {'p2p B/mb':>11} {'x':>6}"
     lines = [head]
     for r in rows:
-        line = (f"{r['arch']:<12} {r['params']:>12,} {r['step_s_median'] * 1e3:>11.1f} {r['step_s_min'] * 1e3:>8.1f} "
+        line = (f"{r['arch']:<{w}} {r['params']:>12,} {r['step_s_median'] * 1e3:>11.1f} {r['step_s_min'] * 1e3:>8.1f} "
                 f"{r['step_s_max'] * 1e3:>8.1f} {_fmt(r['step_s_median_ratio']):>6} "
                 + (f"{r['step_cpu_s_median'] * 1e3:>8.1f} {_fmt(r['step_cpu_s_median_ratio']):>6} " if cpu else "")
                 + f"{r['tokens_per_s_per_gpu']:>10,.0f} {_fmt(r['tokens_per_s_per_gpu_ratio']):>6} "
@@ -135,6 +155,16 @@ def format_table(rows: list) -> str:
         if pipe:
             line += f" {r['pipeline_bytes_per_microbatch']:>11,.0f} {_fmt(r['pipeline_bytes_per_microbatch_ratio']):>6}"
         lines.append(line)
+    if "satformer_speedup" in rows[0] and len(rows) > 1:  # the paper's claims are SATFormer vs a baseline
+        lines += ["", f"{'satformer vs':<{w}} {'tok/s x':>8} {f'{mem_name} saved':>17}   paper (760M)"]
+        for r in rows:
+            if r["arch"] == "satformer":
+                continue
+            paper = PAPER_SATFORMER_VS.get(r["arch"])
+            saving = r["satformer_memory_saving"]
+            lines.append((f"{r['arch']:<{w}} {_fmt(r['satformer_speedup'], '.2f'):>8} "
+                          f"{'n/a' if saving is None else f'{100 * saving:.1f}%':>17}   "
+                          + (f"{paper[0]:.2f}x, {100 * paper[1]:.0f}% less memory" if paper else "")).rstrip())
     return "\n".join(lines)
 
 
