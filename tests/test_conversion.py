@@ -177,6 +177,7 @@ def test_export_refusals(built):
     assert "does not exist" in e["missing"]
     assert "latest_checkpointed_iteration.txt" in e["no_tracker"]
     assert "'denseformer' cannot be converted" in e["bad_arch"]
+    assert "baseline" in e["bad_arch"] and "supported archs: transformer, resformer, satformer" in e["bad_arch"]
     assert "lacks tensors" in e["mismatch"] or "does not use" in e["mismatch"]
     assert "already exists" in e["exists"] and "unknown --dtype" in e["dtype"]
     # megatron_sat's softmax_sigmoid lacks the authors' x num_kv_heads: refused while the two differ

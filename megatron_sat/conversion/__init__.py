@@ -5,7 +5,8 @@
 
 SATFormer and ResFormer are written with the SATFormer authors' classes, config fields and weight
 names (modeling code shipped in the folder: trust_remote_code=True); the Transformer baseline as
-transformers' native Qwen3. Modules:
+transformers' native Qwen3. The DenseFormer, MUDDFormer and Hyper-Connections baselines have no HF
+format: converting one raises ConversionError naming the arch and the convertible ones. Modules:
     mapping      ModelSpec, HF configs, weight names and layouts (torch only)
     hf_io        HF folders: read (shards checked), write aside and move into place
     megatron_io  checkpoints, recorded configuration, the TP1/PP1 model in one CPU process

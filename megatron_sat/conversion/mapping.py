@@ -32,13 +32,21 @@ from typing import Dict, Optional
 
 import torch
 
-ARCHS = ("transformer", "resformer", "satformer")
+ARCHS = ("transformer", "resformer", "satformer")  # convertible
+BASELINE_ARCHS = ("denseformer", "muddformer", "hyperconnections")  # trained by megatron_sat, no HF format here
 HF_MODEL_TYPES = {"satformer": "SATFormer", "resformer": "ResFormer", "transformer": "qwen3"}
 HF_CLASSES = {"satformer": "SATFormer", "resformer": "ResFormer"}
 
 
 class ConversionError(ValueError):
     """A checkpoint or an HF folder that cannot be converted; the message says why."""
+
+
+def unsupported_arch(arch: str, what: str = "arch") -> ConversionError:
+    """The refusal of an arch that has no HF conversion, naming it and the convertible ones."""
+    why = (" to Hugging Face: megatron_sat trains this baseline of the paper but has no HF format for it"
+           if arch in BASELINE_ARCHS else "")
+    return ConversionError(f"{what} {arch!r} cannot be converted{why}; supported archs: {', '.join(ARCHS)}")
 
 
 @dataclass
@@ -61,7 +69,7 @@ class ModelSpec:
 
     def __post_init__(self):
         if self.arch not in ARCHS:
-            raise ConversionError(f"unknown arch {self.arch!r}; convertible archs are {', '.join(ARCHS)}")
+            raise unsupported_arch(self.arch)
         if self.num_attention_heads % self.num_query_groups:
             raise ConversionError(f"{self.num_attention_heads} attention heads are not a multiple of "
                                   f"{self.num_query_groups} KV heads")

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from megatron_sat.conversion.mapping import ARCHS, ConversionError, ModelSpec
+from megatron_sat.conversion.mapping import ARCHS, ConversionError, ModelSpec, unsupported_arch
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
 # Transformer Engine keeps some norms inside the next linear; the local spec maps its names to
@@ -97,8 +97,7 @@ def tensor_metadata(iter_dir: str) -> dict:
 def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
     """ModelSpec from the trainer's arguments; vocabulary and tying from the stored tensors."""
     if args["arch"] not in ARCHS:
-        raise ConversionError(f"the checkpoint's arch {args['arch']!r} cannot be converted; "
-                              f"supported: {', '.join(ARCHS)}")
+        raise unsupported_arch(args["arch"], "the checkpoint's arch")
     if EMBEDDING_KEY not in metadata:
         raise ConversionError(f"the checkpoint has no {EMBEDDING_KEY}")
     vocab, hidden = metadata[EMBEDDING_KEY].global_shape
