@@ -22,7 +22,8 @@ The authors' config defects, fixed here (and in PAPER_SCALES):
   Kept as published (not a defect, an arch-specific choice): Transformer xl peak lr 5e-4 (others 8e-4).
 
 The baselines (megatron_sat/model/{denseformer,muddformer,hyperconnections}.py) take the same shapes, schedule
-and layout as the other archs at each scale, plus their own switches as in the authors' configs (ARCH_OPTIONS):
+and layout as the other archs at each scale (a smaller micro-batch where memory needs it: ARCH_LAYOUTS), plus their
+own switches as in the authors' configs (ARCH_OPTIONS):
   denseformer        depth-weighted average after every block, dilation 1, period 1 (the only setting built;
                      no flag)
   muddformer         4 ways (Q, K, V, R), param_realloc (FFN 0.5x -> 1.5x over depth), pre/post depth-aggregate
@@ -36,8 +37,10 @@ uses selective), and HF conversion does not support them.
 
 Cluster layout: every recipe has a default `CLUSTERS[scale]` (nodes, GPUs per node, GPU kind, a time limit per
 job) next to its TP/PP/micro-batch settings (trainer flags in the recipe itself). The layouts were checked with
-megatron_sat.parallel.planner (memory estimate per H100 80 GB; for the baselines it leaves out their extra
-activations, as tools/plan_layout.py says, so check their memory on a GPU). Command-line flags override both:
+megatron_sat.parallel.planner (memory estimate per H100 80 GB, the baselines' extra activations included; those
+formulas match the bytes autograd saves on CPU, not yet measured on a GPU). Where a baseline does not fit the
+scale's layout, ARCH_LAYOUTS gives it a smaller micro-batch with the same global batch (more accumulation, same
+tokens per step): MUDDFormer and Hyper-Connections at 1.3B run micro-batch 2. Command-line flags override both:
 trainer flags (--tensor-model-parallel-size, --micro-batch-size, ...) and --nodes / --gpus-per-node / --gpu in tools/.
 """
 
@@ -107,6 +110,12 @@ LAYOUTS = {  # trainer flags: TP, PP, micro-batch (global batch 512 -> gradient 
     "760M": dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, micro_batch_size=4),
     "1.3B": dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, micro_batch_size=4),
 }
+# Per-arch exceptions to LAYOUTS: baselines whose planned memory (their connections included) exceeds 90% of an
+# H100 at the scale's micro-batch. Same global batch, so the same tokens per step and run name.
+ARCH_LAYOUTS = {
+    ("muddformer", "1.3B"): dict(micro_batch_size=2),  # planned 82.5 GiB at micro-batch 4, 46.9 at 2
+    ("hyperconnections", "1.3B"): dict(micro_batch_size=2),  # planned 84.2 GiB at micro-batch 4, 47.4 at 2
+}
 
 
 def steps(tokens: float, global_batch: int = GLOBAL_BATCH, seq_length: int = SEQ_LENGTH) -> int:
@@ -122,7 +131,8 @@ def paper(arch: str, scale: str) -> dict:
     lr = dict(sched.arch_lr).get(arch, sched.lr)
     tokens_per_step = GLOBAL_BATCH * SEQ_LENGTH
     out = base(lr=lr)
-    out.update(arch=arch, **ARCH_OPTIONS.get(arch, {}), **PAPER_SCALES[scale], **LAYOUTS[scale],
+    layout = dict(LAYOUTS[scale], **ARCH_LAYOUTS.get((arch, scale), {}))
+    out.update(arch=arch, **ARCH_OPTIONS.get(arch, {}), **PAPER_SCALES[scale], **layout,
                seq_length=SEQ_LENGTH, global_batch_size=GLOBAL_BATCH, vocab_size=PAPER_VOCAB,
                train_iters=steps(sched.tokens), lr_warmup_iters=round(sched.warmup_tokens / tokens_per_step),
                rotary_base=10000, recompute_granularity="selective",

@@ -9,11 +9,12 @@ Any trainer flag (python -m megatron_sat.train --help) overrides the recipe; --n
 override its default cluster (recipes/paper.py CLUSTERS). Exit status 1 when a plan is invalid (a divisibility
 error, an inconsistent batch, or more memory than the GPU has).
 
-The memory model (megatron_sat/parallel/planner.py) counts the Llama block, V1 and the logits. For the baselines
-it leaves out their extra activations, and says so under the plan (BASELINE_MEMORY_NOTES): Hyper-Connections
-keeps n residual streams (n x the residual-stream activations), DenseFormer and MUDDFormer keep every earlier
-layer's output (MUDDFormer also its 4 streams and their per-layer norms). Their real memory is higher than
-printed: measure it with tools/profile_throughput.py on a GPU before trusting a tight layout.
+The memory model (megatron_sat/parallel/planner.py) counts the Llama block, V1, the logits and the baselines'
+extra activations ("connections": Hyper-Connections' n residual streams, DenseFormer's kept layer outputs,
+MUDDFormer's pre-normed history, streams and dynamic weights, their pipeline messages and history gradients).
+The baselines' formulas match the bytes autograd saves on CPU (tests/test_recipes.py); on a GPU they assume
+Transformer Engine keeps the same tensors, which is not measured yet, and the plan says so under the memory line
+(BASELINE_MEMORY_NOTES): check a tight layout with tools/profile_throughput.py on a GPU.
 """
 
 import argparse
@@ -28,22 +29,25 @@ from megatron_sat.parallel.planner import (  # noqa: E402
     DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args)
 from megatron_sat.training.arguments import arch_errors  # noqa: E402
 
-# what the memory estimate leaves out, per arch (printed under the plan, so that a number is never silently low)
+# what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
 BASELINE_MEMORY_NOTES = {
-    "denseformer": "every earlier layer's output X_0..X_i is kept for the depth-weighted averages",
-    "muddformer": "every earlier layer's output, its pre-normed copies and the 4 streams (Q, K, V, R) are kept "
-                  "for the depth aggregates",
-    "hyperconnections": "n residual streams are kept ([s, b, n x h] per sublayer, n = --hc-expansion-rate): "
-                        "about n x the residual-stream activations",
+    "denseformer": "each layer's output X_i, kept for the depth-weighted averages, the history on the pipeline "
+                   "message and its gradients in backward",
+    "muddformer": "the pre-normed X_0..X_i, the 4 streams, the dynamic-weight MLP, the per-call Q/K/V weight "
+                  "slices, param_realloc FFN widths, the history on the pipeline message and its gradients",
+    "hyperconnections": "the n residual streams ([s, b, n x h] and the [s, b, (n+1) x h] mix per sublayer), the "
+                        "dynamic weights and the n x h-wide pipeline message",
 }
 
 
 def memory_note(arch: str):
-    """The line printed under a plan whose memory estimate misses the arch's extra activations (None if none)."""
+    """The line printed under a baseline's plan: what its memory counts and what is not yet measured (None if
+    the arch is not a baseline)."""
     if arch not in BASELINE_MEMORY_NOTES:
         return None
-    return (f"  note      memory excludes {arch}'s extra activations: {BASELINE_MEMORY_NOTES[arch]}; the real "
-            "figure is higher (measure it with tools/profile_throughput.py)")
+    return (f"  note      memory counts {arch}'s extra activations as connections ({BASELINE_MEMORY_NOTES[arch]}); "
+            "checked against saved bytes on CPU, not yet on a GPU with Transformer Engine: measure a tight layout "
+            "with tools/profile_throughput.py")
 
 
 def main(argv=None) -> int:

@@ -150,8 +150,8 @@ def table(rows) -> str:
                if rows else "no runs")
     baselines = sorted({r["arch"] for r in rows if r["arch"] in BASELINE_ARCHS})
     if baselines:
-        out.append(f"note: mem GiB leaves out the extra activations of {', '.join(baselines)} "
-                   "(see tools/plan_layout.py --recipe NAME); their real memory is higher")
+        out.append(f"note: mem GiB counts the extra activations of {', '.join(baselines)} as checked on CPU, "
+                   "not yet measured on a GPU (see tools/plan_layout.py --recipe NAME)")
     return "\n".join(out)
 
 

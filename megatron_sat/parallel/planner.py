@@ -14,11 +14,14 @@ the GPU's (10% left for allocator fragmentation and what the estimate leaves out
 Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU):
   model states   params_stage x (2 bf16 weights + 4 fp32 grad buffer [grad_reduce_in_fp32]
                                  + 12 fp32 master/m/v, divided by DP with the distributed optimizer)
-                 params_stage: layers/PP x per-layer params / TP, + the word embedding / TP on the first
-                 stage and (tied, PP > 1) its copy on the last stage.
+                 params_stage: the stage's layers' linears / TP (MUDDFormer: each layer's own FFN width) + their
+                 norms and the baselines' connections (count_parameters' "connections", spread evenly over the
+                 layers; replicated, not / TP), + the word embedding / TP on the first stage and (tied, PP > 1)
+                 its copy on the last stage.
   activations    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
                  counted for this block (RMSNorm, QK-norm, SwiGLU, no dropout), per layer and micro-batch,
-                 s sequence, b micro-batch, h hidden, f FFN, a heads, g KV heads, d head dim, t TP:
+                 s sequence, b micro-batch, h hidden, f FFN, a heads, g KV heads, d head dim, t TP
+                 (bf16 bytes; every 2 becomes 4 with fp32 activations, activation_bytes=4):
                     attention  2sbh norm in + 2sbh QKV in (both / t with SP) + 2sb(a+g)d/t QK-norm in
                                + 2sb(a+2g)d/t core-attention in + 2sbad/t projection in
                                + 5as^2b/t score/softmax (dropped by selective recompute)
@@ -30,6 +33,42 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                  Last stage: final-norm and output-layer inputs (4sbh) and logits 6sbV/t (bf16 + fp32 loss).
   V1 extra       value-residual archs carry V1 (2sbgd/t) through every stage for each in-flight micro-batch,
                  plus its gradient accumulator for the one in backward.
+  connections    the baselines' activations beyond the block's, per layer i (global, 1-based) and in-flight
+                 micro-batch; u = 2sbh (/ t with SP) one hidden-sized tensor, x = 2sb (/ t with SP) one value
+                 per token (every connection op is per token; its weights are replicated over TP):
+                    DenseFormer       u X_i, kept for every later depth-weighted average (the average Y_i, the
+                                      next block's input, takes X_i's place in the block count)
+                    MUDDFormer        3 x 2sbh - u: Q, K and V inputs, gathered (SP) or replicated over TP, where
+                                      the block counts one QKV input; + 3u X^Q, X^K, X^V (none at a chunk's first
+                                      layer: they come on the wire); + (1 + k + C)u rms(X_i), the pre-normed X_0..X_i
+                                      and the C weighted sums; + 3Ck x dynamic weights (W1 out, GELU out, weights);
+                                      + 2(a+2g)dh/t Q, K, V weight slices (a copy per call, kept for backward);
+                                      + u the R stream into the final norm (i = L). k = i + 1 inputs, C = 4 ways
+                                      (1 at i = L); the block's MLP term takes the layer's param_realloc width
+                    Hyper-Connections 4nu two H [s, b, n*h] and two mixes [s, b, (n+1)*h] in place of the block's
+                                      two norm inputs (less (n-1)u at i = 1: its first H is n views of X_0)
+                                      + 2u sublayer outputs (beta's gradient); dynamic: + 2nu normed H
+                                      + 2n(2n+4)x alpha, beta and their tanh. Full recompute: (n-1)u more per layer
+                                      input ([s, b, n*h], not at i = 1) plus one layer's connections in backward
+                    norms             each extra norm keeps fp32 statistics (4sb, / t with SP); the local backend
+                                      (CPU) also keeps RMSNorm's x * rsqrt (one more u per extra norm: 2 + k + C
+                                      for MUDDFormer, 2n per Hyper-Connections layer)
+                 DenseFormer and MUDDFormer refuse full recompute (counted as selective).
+                 Pipeline message [s, b, h + W] (/ t with SP), padded to the widest boundary: W = (S + f)h for the
+                 dense archs (f: first layer of the last chunk; S = 3 streams for MUDDFormer, 0 for DenseFormer),
+                 (n-1)h for Hyper-Connections. Megatron keeps each in-flight micro-batch's received and sent
+                 message (deallocate_pipeline_outputs is off): 2sbW (/ t with SP) per chunk that receives and per
+                 chunk that sends (Hyper-Connections: sends only; what it receives is the first layer's H above).
+                 History grads (dense archs): in backward, gradients of X_0..X_e wait in autograd's buffers until
+                 each layer's own backward, (e + 1)u for the one micro-batch in backward (e: the stage's last layer).
+                 Checked: with the local backend (fp32) these equal the measured difference in saved bytes to the
+                 Transformer's, to the byte for MHA, on one rank (tests/test_recipes.py; also TP 2 with and without
+                 SP, once by hand); on GPUs Transformer Engine's norms are taken to keep only their input and
+                 statistics (not measured).
+                 Approximated: with GQA, Megatron's split of the fused QKV keeps other copies than MUDDFormer's
+                 separate Q, K, V (taken equal; the paper grid is MHA); MUDDFormer's FFN widths go through the
+                 block's 8sbf/t. Left out: MUDDFormer's stream gradients and the messages' gradients (one at a
+                 time), and the Transformer's own [s, b, h] message, which Megatron keeps too.
   overhead       3 GiB (CUDA context, NCCL and cuBLAS workspaces).
 GPU time: FLOPs per token from megatron_sat.profiling.flops (3 x forward, attention included) x tokens /
 (peak bf16 x MFU); MFU defaults to 0.40 (the published ~1B H100 anchors are 40-48%).
@@ -37,7 +76,7 @@ GPU time: FLOPs per token from megatron_sat.profiling.flops (3 x forward, attent
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 GIB = 1024 ** 3
 GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100": 80.0, "cpu": None}
@@ -133,7 +172,10 @@ class Plan:
                 f"  memory    {m['total']:.1f} GiB per GPU of {cap} (weights {m['weights']:.1f}, grads {m['grads']:.1f}, "
                 f"optimizer {m['optimizer']:.1f}, activations {m['activations']:.1f} "
                 f"[{m['in_flight']:g} micro-batch(es) in flight, recompute {self.recompute or 'none'}], "
-                f"V1 {m['v1']:.2f}, overhead {m['overhead']:.1f})")
+                f"V1 {m['v1']:.2f}, "
+                + (f"connections {m['connections']:.1f}, " if m.get("connections") else "")
+                + (f"history grads {m['history_grads']:.1f}, " if m.get("history_grads") else "")
+                + f"overhead {m['overhead']:.1f})")
         if self.gpu_hours is not None:
             lines.append(f"  compute   {self.flops_per_token / 1e9:.2f} GFLOP/token, {self.gpu_hours:,.0f} GPU hours "
                          f"at {100 * self.mfu:.0f}% MFU = {self.wall_hours:.1f} h on {self.world_size} GPUs")
@@ -171,11 +213,11 @@ def plan_recipe(recipe: str, overrides: Sequence[str] = (), nodes: Optional[int]
 
 def _model_config(args):
     from megatron_sat.model.config import make_config
+    from megatron_sat.training.arguments import model_config_fields
 
     return make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
                        num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-                       ffn_hidden_size=args.ffn_hidden_size, value_residual_gate=args.value_residual_gate,
-                       value_residual_last_k=args.value_residual_last_k, resformer_lambdas=args.resformer_lambdas)
+                       ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args))
 
 
 def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: float = DEFAULT_MFU) -> Plan:
@@ -222,7 +264,8 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
         dist_opt = (gpu != "cpu") if args.use_distributed_optimizer is None else args.use_distributed_optimizer
         plan.memory = estimate_memory(cfg, layout, dp=dp, micro_batch_size=mbs, num_microbatches=num_micro,
                                       seq_length=args.seq_length, vocab_size=vocab, bf16=bf16,
-                                      distributed_optimizer=dist_opt, recompute=args.recompute_granularity)
+                                      distributed_optimizer=dist_opt, recompute=args.recompute_granularity,
+                                      backend="te" if gpu != "cpu" else "local")
         if plan.capacity_gib and plan.memory["total"] > USABLE_FRACTION * plan.capacity_gib:
             plan.errors.append(
                 f"estimated {plan.memory['total']:.1f} GiB per GPU exceeds {100 * USABLE_FRACTION:.0f}% of the "
@@ -231,57 +274,146 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
     return plan
 
 
-def _per_layer_params(cfg) -> float:
-    from megatron_sat.model.sizes import count_parameters
+def _chunk_layers(num_layers: int, chunks: int) -> List[range]:
+    """Global 1-based layer numbers of each model chunk, in pipeline order (the uniform split validate asks for)."""
+    bounds = [round(c * num_layers / chunks) for c in range(chunks + 1)]
+    return [range(bounds[c] + 1, bounds[c + 1] + 1) for c in range(chunks)]
 
-    parts = count_parameters(cfg, vocab_size=0)
-    return (parts["attention"] + parts["mlp"] + parts["norms"] + parts["value_residual"]) / cfg.num_layers
+
+def _ffn_size(cfg, layer: int) -> int:
+    if cfg.arch == "muddformer":
+        from megatron_sat.model.config import muddformer_ffn_size
+
+        return muddformer_ffn_size(cfg, layer)
+    return cfg.ffn_hidden_size
+
+
+def _layer_params(cfg, layer: int, parts: dict) -> Tuple[float, float]:
+    """(TP-sharded, replicated) parameters of global layer `layer`; parts = count_parameters(cfg, 0)."""
+    L, h = cfg.num_layers, cfg.hidden_size
+    sharded = (parts["attention"] + parts["value_residual"]) / L + h * _ffn_size(cfg, layer) * (
+        3 if cfg.gated_linear_unit else 2)
+    replicated = (parts["norms"] - h + parts["connections"]) / L  # the final norm is the last stage's
+    return sharded, replicated
+
+
+def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, act: float, local: bool,
+                      first_in_chunk: bool, recompute: Optional[str]) -> float:
+    """Bytes global layer `layer` of a baseline keeps for backward beyond the block's, one micro-batch
+    (module docstring, "connections")."""
+    h, L = cfg.hidden_size, cfg.num_layers
+    u = act * s * b * h / sp_div  # one [s, b, h]
+    x = act * s * b / sp_div  # one value per token
+    stat = 4 * s * b / sp_div  # a norm's fp32 1/rms per token
+    if cfg.arch == "denseformer":
+        return u  # X_i
+    if cfg.arch == "muddformer":
+        k, C = layer + 1, (1 if layer == L else 4)
+        a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
+        norms = 2 + k + C  # key and value input norms, pre-norms of X_0..X_i, post-norms
+        out = 3 * act * s * b * h - u  # Q, K, V inputs [s, b, h], gathered under SP
+        out += 0 if first_in_chunk else 3 * u  # X^Q, X^K, X^V [s, b, h]
+        out += (1 + k + C) * u + 3 * C * k * x  # rms(X_i), normed X_j, C sums; W1 out, GELU out, dw [s, b, C*k]
+        out += act * (a + 2 * g) * d * h / t  # Q, K, V weight slices
+        out += u if layer == L else 0  # R stream, the final norm's input
+        return out + (norms + 1) * stat + (norms * u if local else 0)
+    if cfg.arch == "hyperconnections":
+        n = cfg.hc_expansion_rate
+        if recompute == "full":
+            return 0.0 if layer == 1 else (n - 1) * u  # the checkpointed input is [s, b, n*h]
+        out = 4 * n * u - ((n - 1) * u if layer == 1 else 0) + 2 * u  # H, mixes; sublayer outputs y
+        if cfg.hc_dynamic:  # per sublayer: normed H [s, b, n*h], alpha/tanh [s, b, n, n+1], beta/tanh [s, b, n]
+            out += 2 * (n * u + n * (2 * n + 4) * x + n * stat + (n * u if local else 0))
+        return out
+    return 0.0
+
+
+def _wire_channels(cfg, chunk_layers: List[range]) -> int:
+    """Channels a baseline adds to the pipeline message (parallel/pipeline.py extra_wire_channels)."""
+    if len(chunk_layers) == 1:
+        return 0
+    if cfg.arch == "hyperconnections":
+        return (cfg.hc_expansion_rate - 1) * cfg.hidden_size
+    if cfg.is_dense:  # padded to the widest boundary: before the last chunk (parallel/dense_transport.py)
+        streams = 3 if cfg.arch == "muddformer" else 0
+        return (streams + chunk_layers[-1][0]) * cfg.hidden_size
+    return 0
 
 
 def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbatches: int, seq_length: int,
                     vocab_size: int, bf16: bool = True, distributed_optimizer: bool = True,
-                    recompute: Optional[str] = "selective") -> Dict[str, float]:
-    """GiB per GPU on the worst pipeline stage, by part (see the module docstring for the formulas)."""
+                    recompute: Optional[str] = "selective", activation_bytes: Optional[int] = None,
+                    backend: str = "te") -> Dict[str, float]:
+    """GiB per GPU on the worst pipeline stage, by part (see the module docstring for the formulas).
+
+    activation_bytes: bytes per activation value (default 2 with bf16, else 4); backend: 'te' or 'local'
+    (Megatron-Core's RMSNorm, which also keeps the normalised input of the baselines' extra norms).
+    """
+    from megatron_sat.model.sizes import count_parameters
+
     t, pp, vpp = layout.tp, layout.pp, layout.vpp
+    chunks = vpp or 1
     s, b, h = seq_length, micro_batch_size, cfg.hidden_size
-    a, g, d, f = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels, cfg.ffn_hidden_size
+    a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
     sp_div = t if layout.sp else 1
-    layers = cfg.num_layers / pp
+    if cfg.is_dense and recompute == "full":
+        recompute = "selective"  # the config refuses full recompute for these archs (training.arguments.arch_errors)
     emb = vocab_size * h / t
     # bytes per parameter: weights, fp32 grad buffer, optimizer (fp32 master + Adam m, v; no master in fp32)
     w_bytes, g_bytes, o_bytes = (2, 4, 12) if bf16 else (4, 4, 8)
     if distributed_optimizer:
         o_bytes = o_bytes / dp
-    act = 2  # activation bytes (bf16) -- fp32 runs on CPU are not sized against a GPU
+    act = activation_bytes or (2 if bf16 else 4)
     sbh = s * b * h
-    attn = (4 * sbh / sp_div + 2 * s * b * (a + g) * d / t + 2 * s * b * (a + 2 * g) * d / t
-            + 2 * s * b * a * d / t)
-    mlp = 4 * sbh / sp_div + 4 * s * b * f * act / t
-    extra = 2 * s * b * g / t if cfg.arch == "satformer" else 0.0
-    layer_full = attn + mlp + extra + (5 * a * s * s * b / t if recompute != "selective" else 0.0)
-    if recompute == "full":  # keep layer inputs; rebuild one layer at a time in backward
-        layer_full = attn + mlp + extra + 5 * a * s * s * b / t
-        per_layer, one_layer = 2 * sbh / sp_div, layer_full
-    else:
-        per_layer, one_layer = layer_full, 0.0
-    v1 = 2 * s * b * g * d / t if cfg.uses_value_residual else 0.0
+    attn = act * (2 * sbh / sp_div + s * b * (a + g) * d / t + s * b * (a + 2 * g) * d / t + s * b * a * d / t)
+    scores = 2.5 * act * a * s * s * b / t  # 5as^2b in bf16
+    extra = act * s * b * g / t if cfg.arch == "satformer" else 0.0
+
+    def block(layer: int, with_scores: bool) -> float:  # one layer's saved bytes, the Transformer block's part
+        mlp = act * (2 * sbh / sp_div + 4 * s * b * _ffn_size(cfg, layer) / t)
+        return attn + mlp + extra + (scores if with_scores else 0.0)
+
+    def connections(layer: int, first_in_chunk: bool, how: Optional[str]) -> float:
+        return _connection_bytes(cfg, layer, s=s, b=b, t=t, sp_div=sp_div, act=act, local=backend == "local",
+                                 first_in_chunk=first_in_chunk, recompute=how)
+
+    full = recompute == "full"
+    v1 = act * s * b * g * d / t if cfg.uses_value_residual else 0.0
+    param_parts = count_parameters(cfg, vocab_size=0)
+    chunk_layers = _chunk_layers(cfg.num_layers, pp * chunks)
+    wire = _wire_channels(cfg, chunk_layers) * act * s * b / sp_div  # one message's extra channels
     worst = None
     m = max(num_microbatches, 1)
     for stage in range(pp):
         in_flight = 1 if pp == 1 else min(pp - stage, m)
         if vpp and stage == 0:
             in_flight = min(pp, m) * (1 + (pp - 1) / (pp * vpp))
-        params = layers * _per_layer_params(cfg) / t
+        mine = [v * pp + stage for v in range(chunks)]  # this rank's chunks (global chunk index)
+        layers = [i for c in mine for i in chunk_layers[c]]
+        sharded, replicated = (sum(x) for x in zip(*(_layer_params(cfg, i, param_parts) for i in layers)))
+        params = sharded / t + replicated
         if stage == 0:
             params += emb
         if stage == pp - 1:
             params += h + (emb if pp > 1 else 0)  # final norm; the tied output layer's copy on the last stage
-        activations = in_flight * layers * per_layer + one_layer
+        if full:  # keep layer inputs; rebuild one layer at a time in backward
+            kept = len(layers) * act * sbh / sp_div
+            one_layer = max(block(i, True) for i in layers)
+            one_conn = max(connections(i, i == layers[0], "selective") for i in layers)
+        else:
+            kept, one_layer, one_conn = sum(block(i, recompute != "selective") for i in layers), 0.0, 0.0
+        activations = in_flight * kept + one_layer
         if stage == pp - 1:
-            activations += 4 * sbh / sp_div + 6 * s * b * vocab_size / t
+            activations += act * (2 * sbh / sp_div + s * b * vocab_size / t) + 4 * s * b * vocab_size / t
+        conn = in_flight * sum(connections(i, i == chunk_layers[c][0], recompute) for c in mine
+                               for i in chunk_layers[c]) + one_conn
+        sends = sum(c < pp * chunks - 1 for c in mine)
+        receives = sum(c > 0 for c in mine) if cfg.is_dense else 0  # Hyper-Connections: the first layer's H
+        conn += in_flight * (sends + receives) * wire
+        history = (max(layers) + 1) * act * sbh / sp_div if cfg.is_dense else 0.0  # gradients of X_0..X_e
         v1_bytes = (in_flight + 1) * v1 if v1 else 0.0
         parts = dict(weights=params * w_bytes, grads=params * g_bytes, optimizer=params * o_bytes,
-                     activations=activations, v1=v1_bytes)
+                     activations=activations, v1=v1_bytes, connections=conn, history_grads=history)
         total = sum(parts.values())
         if worst is None or total > worst[0]:
             worst = (total, parts, in_flight)
