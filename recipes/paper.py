@@ -40,7 +40,7 @@ job) next to its TP/PP/micro-batch settings (trainer flags in the recipe itself)
 megatron_sat.parallel.planner (memory estimate per H100 80 GB, the baselines' extra activations included; those
 formulas match the bytes autograd saves on CPU, not yet measured on a GPU). Where a baseline does not fit the
 scale's layout, ARCH_LAYOUTS gives it a smaller micro-batch with the same global batch (more accumulation, same
-tokens per step): MUDDFormer and Hyper-Connections at 1.3B run micro-batch 2. Command-line flags override both:
+tokens per step): Hyper-Connections at 1.3B runs micro-batch 2. Command-line flags override both:
 trainer flags (--tensor-model-parallel-size, --micro-batch-size, ...) and --nodes / --gpus-per-node / --gpu in tools/.
 """
 
@@ -113,7 +113,6 @@ LAYOUTS = {  # trainer flags: TP, PP, micro-batch (global batch 512 -> gradient 
 # Per-arch exceptions to LAYOUTS: baselines whose planned memory (their connections included) exceeds 90% of an
 # H100 at the scale's micro-batch. Same global batch, so the same tokens per step and run name.
 ARCH_LAYOUTS = {
-    ("muddformer", "1.3B"): dict(micro_batch_size=2),  # planned 82.5 GiB at micro-batch 4, 46.9 at 2
     ("hyperconnections", "1.3B"): dict(micro_batch_size=2),  # planned 84.2 GiB at micro-batch 4, 47.4 at 2
 }
 

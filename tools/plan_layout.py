@@ -11,7 +11,7 @@ error, an inconsistent batch, or more memory than the GPU has).
 
 The memory model (megatron_sat/parallel/planner.py) counts the Llama block, V1, the logits and the baselines'
 extra activations ("connections": Hyper-Connections' n residual streams, DenseFormer's kept layer outputs,
-MUDDFormer's pre-normed history, streams and dynamic weights, their pipeline messages and history gradients).
+MUDDFormer's streams, weighted sums and dynamic weights, their pipeline messages and history gradients).
 The baselines' formulas match the bytes autograd saves on CPU (tests/test_recipes.py); on a GPU they assume
 Transformer Engine keeps the same tensors, which is not measured yet, and the plan says so under the memory line
 (BASELINE_MEMORY_NOTES): check a tight layout with tools/profile_throughput.py on a GPU.
@@ -33,7 +33,7 @@ from megatron_sat.training.arguments import arch_errors  # noqa: E402
 BASELINE_MEMORY_NOTES = {
     "denseformer": "each layer's output X_i, kept for the depth-weighted averages, the history on the pipeline "
                    "message and its gradients in backward",
-    "muddformer": "the pre-normed X_0..X_i, the 4 streams, the dynamic-weight MLP, the per-call Q/K/V weight "
+    "muddformer": "the 4 streams and their weighted sums, the dynamic-weight MLP, the per-call Q/K/V weight "
                   "slices, param_realloc FFN widths, the history on the pipeline message and its gradients",
     "hyperconnections": "the n residual streams ([s, b, n x h] and the [s, b, (n+1) x h] mix per sublayer), the "
                         "dynamic weights and the n x h-wide pipeline message",

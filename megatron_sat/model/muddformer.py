@@ -21,6 +21,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -97,8 +98,15 @@ class DepthAggregate(torch.nn.Module):
         s, b = x.shape[:2]
         dw = F.linear(F.gelu(F.linear(rms_no_scale(x, self.eps), self.w1)), self.w2)  # [s, b, C*k]
         dw = dw.view(s, b, self.ways, -1) + self.static_weight  # [s, b, C, k]
+        # The pre-normed copies of X_0..X_i would be kept for backward: k new [s, b, h] tensors in every layer,
+        # O(L^2) per stage. They are recomputed in backward instead (torch's non-reentrant checkpoint keeps only
+        # the inputs, references to tensors the history holds anyway), for one more pass of k norms.
+        sums = checkpoint(self._weighted_sums, dw, *history, use_reentrant=False)
+        return [self.post_norms[c](sums[c]) + x for c in range(self.ways)]
+
+    def _weighted_sums(self, dw, *history):
         normed = [norm(xj) for norm, xj in zip(self.pre_norms, history)]
-        return [self.post_norms[c](weighted_sum(dw[:, :, c], normed)) + x for c in range(self.ways)]
+        return tuple(weighted_sum(dw[:, :, c], normed) for c in range(self.ways))  # C x [s, b, h]
 
 
 class MUDDFormerLayer(TransformerLayer):

@@ -40,8 +40,9 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                                       next block's input, takes X_i's place in the block count)
                     MUDDFormer        3 x 2sbh - u: Q, K and V inputs, gathered (SP) or replicated over TP, where
                                       the block counts one QKV input; + 3u X^Q, X^K, X^V (none at a chunk's first
-                                      layer: they come on the wire); + (1 + k + C)u rms(X_i), the pre-normed X_0..X_i
-                                      and the C weighted sums; + 3Ck x dynamic weights (W1 out, GELU out, weights);
+                                      layer: they come on the wire); + (1 + C)u rms(X_i) and the C weighted sums
+                                      (the pre-normed X_0..X_i are recomputed in backward, not kept);
+                                      + 3Ck x dynamic weights (W1 out, GELU out, weights);
                                       + 2(a+2g)dh/t Q, K, V weight slices (a copy per call, kept for backward);
                                       + u the R stream into the final norm (i = L). k = i + 1 inputs, C = 4 ways
                                       (1 at i = L); the block's MLP term takes the layer's param_realloc width
@@ -51,7 +52,7 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                                       + 2n(2n+4)x alpha, beta and their tanh. Full recompute: (n-1)u more per layer
                                       input ([s, b, n*h], not at i = 1) plus one layer's connections in backward
                     norms             each extra norm keeps fp32 statistics (4sb, / t with SP); the local backend
-                                      (CPU) also keeps RMSNorm's x * rsqrt (one more u per extra norm: 2 + k + C
+                                      (CPU) also keeps RMSNorm's x * rsqrt (one more u per extra norm: 2 + C
                                       for MUDDFormer, 2n per Hyper-Connections layer)
                  DenseFormer and MUDDFormer refuse full recompute (counted as selective).
                  Pipeline message [s, b, h + W] (/ t with SP), padded to the widest boundary: W = (S + f)h for the
@@ -310,10 +311,10 @@ def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, a
     if cfg.arch == "muddformer":
         k, C = layer + 1, (1 if layer == L else 4)
         a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
-        norms = 2 + k + C  # key and value input norms, pre-norms of X_0..X_i, post-norms
+        norms = 2 + C  # key and value input norms, post-norms (the pre-norms of X_0..X_i are recomputed)
         out = 3 * act * s * b * h - u  # Q, K, V inputs [s, b, h], gathered under SP
         out += 0 if first_in_chunk else 3 * u  # X^Q, X^K, X^V [s, b, h]
-        out += (1 + k + C) * u + 3 * C * k * x  # rms(X_i), normed X_j, C sums; W1 out, GELU out, dw [s, b, C*k]
+        out += (1 + C) * u + 3 * C * k * x  # rms(X_i), C sums; W1 out, GELU out, dw [s, b, C*k]
         out += act * (a + 2 * g) * d * h / t  # Q, K, V weight slices
         out += u if layer == L else 0  # R stream, the final norm's input
         return out + (norms + 1) * stat + (norms * u if local else 0)
