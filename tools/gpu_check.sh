@@ -3,8 +3,8 @@
 #   bash tools/gpu_check.sh [OUT_DIR]
 # 1. tests/test_gpu.py: local spec in BF16 on CUDA; TE spec equal to the local spec; FP8 runs;
 # 2. the same-layout step benchmark at 760M, BF16, seq 4096, every arch with ratios to the Transformer
-#    (goal for SATFormer: time and peak-memory ratios <= 1.02; the paper has Hyper-Connections and
-#    MUDDFormer 1.75x/1.82x slower than SATFormer with 31%/5% more memory), on the TE backend when TE
+#    (goal for SATFormer: time and peak-memory ratios <= 1.02; the paper has SATFormer 1.75x/1.82x the
+#    throughput of Hyper-Connections/MUDDFormer with 31%/5% less memory), on the TE backend when TE
 #    imports, else local.
 # Uses the python on PATH (an NGC PyTorch container has TE and Apex); installs megatron-core if absent.
 set -euo pipefail
