@@ -12,9 +12,11 @@ Building blocks, meant to be combined by later recipes (e.g. the paper's scaling
     model(arch, size, **overrides)   arch + shape
 """
 
+from functools import partial
 from typing import Callable, Dict
 
 from megatron_sat.model.sizes import PAPER_SCALES
+from megatron_sat.training.arguments import ARCHS  # import-free: no megatron
 
 RECIPES: Dict[str, Callable[[], dict]] = {}
 
@@ -72,34 +74,8 @@ def _debug(arch: str) -> dict:
                 save=f"runs/debug_{arch}")
 
 
-@register()
-def debug_transformer() -> dict:
-    return _debug("transformer")
-
-
-@register()
-def debug_resformer() -> dict:
-    return _debug("resformer")
-
-
-@register()
-def debug_satformer() -> dict:
-    return _debug("satformer")
-
-
-@register()
-def debug_denseformer() -> dict:
-    return _debug("denseformer")
-
-
-@register()
-def debug_muddformer() -> dict:
-    return _debug("muddformer")
-
-
-@register()
-def debug_hyperconnections() -> dict:
-    return _debug("hyperconnections")
+for _arch in ARCHS:  # debug_transformer, debug_satformer, ... debug_hyperconnections
+    register(f"debug_{_arch}")(partial(_debug, _arch))
 
 
 @register()

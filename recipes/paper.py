@@ -46,6 +46,7 @@ trainer flags (--tensor-model-parallel-size, --micro-batch-size, ...) and --node
 
 import math
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Optional
 
 from recipes import RECIPES, base, register
@@ -161,125 +162,10 @@ def cluster(name: str) -> dict:
     return CLUSTERS.get(scale_of(name) or "debug").as_dict()
 
 
-# One small function per recipe (names with a dot need register("...")).
-@register()
-def transformer_130M():
-    return paper("transformer", "130M")
-
-
-@register()
-def resformer_130M():
-    return paper("resformer", "130M")
-
-
-@register()
-def satformer_130M():
-    return paper("satformer", "130M")
-
-
-@register()
-def transformer_340M():
-    return paper("transformer", "340M")
-
-
-@register()
-def resformer_340M():
-    return paper("resformer", "340M")
-
-
-@register()
-def satformer_340M():
-    return paper("satformer", "340M")
-
-
-@register()
-def transformer_760M():
-    return paper("transformer", "760M")
-
-
-@register()
-def resformer_760M():
-    return paper("resformer", "760M")
-
-
-@register()
-def satformer_760M():
-    return paper("satformer", "760M")
-
-
-@register("transformer_1.3B")
-def transformer_1p3B():
-    return paper("transformer", "1.3B")
-
-
-@register("resformer_1.3B")
-def resformer_1p3B():
-    return paper("resformer", "1.3B")
-
-
-@register("satformer_1.3B")
-def satformer_1p3B():
-    return paper("satformer", "1.3B")
-
-
-@register()
-def denseformer_130M():
-    return paper("denseformer", "130M")
-
-
-@register()
-def muddformer_130M():
-    return paper("muddformer", "130M")
-
-
-@register()
-def hyperconnections_130M():
-    return paper("hyperconnections", "130M")
-
-
-@register()
-def denseformer_340M():
-    return paper("denseformer", "340M")
-
-
-@register()
-def muddformer_340M():
-    return paper("muddformer", "340M")
-
-
-@register()
-def hyperconnections_340M():
-    return paper("hyperconnections", "340M")
-
-
-@register()
-def denseformer_760M():
-    return paper("denseformer", "760M")
-
-
-@register()
-def muddformer_760M():
-    return paper("muddformer", "760M")
-
-
-@register()
-def hyperconnections_760M():
-    return paper("hyperconnections", "760M")
-
-
-@register("denseformer_1.3B")  # no authors' xl config for this baseline: the xl shape and lr, for a uniform grid
-def denseformer_1p3B():
-    return paper("denseformer", "1.3B")
-
-
-@register("muddformer_1.3B")  # no authors' xl config for this baseline: the xl shape and lr, for a uniform grid
-def muddformer_1p3B():
-    return paper("muddformer", "1.3B")
-
-
-@register("hyperconnections_1.3B")  # no authors' xl config for this baseline: the xl shape and lr, for a uniform grid
-def hyperconnections_1p3B():
-    return paper("hyperconnections", "1.3B")
-
+# One recipe per grid entry: transformer_130M ... hyperconnections_1.3B (the baselines' 1.3B: the xl shape and lr,
+# for a uniform grid; the authors have no xl config for them)
+for _arch in ARCHS:
+    for _scale in SCALES:
+        register(recipe_name(_arch, _scale))(partial(paper, _arch, _scale))
 
 GRID = [recipe_name(a, s) for s in SCALES for a in ARCHS]
