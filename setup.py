@@ -29,6 +29,7 @@ setup(
     version="0.1.0",
     description="Pretraining codebase for SATFormer built on NVIDIA Megatron-Core",
     packages=find_packages(include=["megatron_sat", "megatron_sat.*", "recipes", "recipes.*"]),
+    package_data={"megatron_sat.analysis": ["lm_eval_tasks/*"]},  # the bundled based_* lm-eval tasks
     python_requires=">=3.11",
     install_requires=_reqs("base") + ["megatron-core>=0.19,<0.20"],
     extras_require={

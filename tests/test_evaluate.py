@@ -5,11 +5,13 @@
 A tiny SATFormer export (random weights, written with the converter's own writer, word-level
 tokenizer) is evaluated by lm-eval 0.4.13 on the local tasks in tests/data/eval/ (a multiple-choice
 loglikelihood task and a generate_until task over tiny.jsonl); the accuracy is recomputed here
-from the model's logits. Skipped when lm-eval is not installed (pip install "lm-eval[hf]==0.4.13").
+from the model's logits. The bundled based_* recall tasks are checked for their protocol, and one of
+them runs on tiny_recall.jsonl, its `contains` score recomputed from the model's greedy generations. Skipped when lm-eval is not installed (pip install "lm-eval[hf]==0.4.13").
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -66,17 +68,17 @@ def expected_accuracy(model_dir):
 def test_evaluate_cli_offline(export, tmp_path):
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "evaluate.py"), "--model", export,
-                        "--tasks", "megatron_sat_tiny_mc", "megatron_sat_tiny_gen", "based_drop", "--skip-missing",
+                        "--tasks", "megatron_sat_tiny_mc", "megatron_sat_tiny_gen", "no_such_task", "--skip-missing",
                         "--include-path", TASKS, "--device", "cpu", "--batch-size", "2", "--output", str(out)],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"), timeout=600, cwd="/")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.load(open(out / "results.json"))
-    assert summary["skipped"] == ["based_drop"]
+    assert summary["skipped"] == ["no_such_task"]
     rows = {(row["task"], row["metric"]): row["value"] for row in summary["table"]}
     assert rows[("megatron_sat_tiny_mc", "acc")] == pytest.approx(expected_accuracy(export), abs=1e-9)
     assert ("megatron_sat_tiny_gen", "exact_match") in rows
     assert summary["n_samples"]["megatron_sat_tiny_gen"]["effective"] == 6
-    assert summary["averages"]["all"]["complete"] is False  # based_drop did not run
+    assert summary["averages"]["all"]["complete"] is False  # no_such_task did not run
     md = (out / "results.md").read_text()
     assert "| megatron_sat_tiny_mc | acc |" in md and "Skipped" in md and md in r.stdout
 
@@ -86,11 +88,77 @@ def test_unknown_tasks_refused():
 
     assert RETRIEVAL == ["swde", "fda", "squad_completion", "based_triviaqa", "based_nq_2048", "based_drop"]
     assert set(SUITES) == {"retrieval", "zeroshot"}
-    with pytest.raises(EvaluationError, match="based_triviaqa.*--include-path"):
-        resolve_tasks(["swde", "based_triviaqa"], [TASKS], skip_missing=False)
-    specs, _, skipped = resolve_tasks(["swde", "megatron_sat_tiny_mc", "based_triviaqa"], [TASKS], skip_missing=True,
+    specs, _, skipped = resolve_tasks(RETRIEVAL, [], skip_missing=False)  # the based_* tasks are bundled
+    assert specs == RETRIEVAL and skipped == []
+    with pytest.raises(EvaluationError, match="no_such_task.*--include-path"):
+        resolve_tasks(["swde", "no_such_task"], [TASKS], skip_missing=False)
+    specs, _, skipped = resolve_tasks(["swde", "megatron_sat_tiny_mc", "no_such_task"], [TASKS], skip_missing=True,
                                       log=lambda *a: None)
-    assert skipped == ["based_triviaqa"] and specs[0] == "swde"
+    assert skipped == ["no_such_task"] and specs[0] == "swde"
     local = specs[1]
     assert local["task"] == "megatron_sat_tiny_mc"
     assert local["dataset_kwargs"]["data_files"]["test"] == os.path.join(TASKS, "tiny.jsonl")
+
+
+def _bundled(task):
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from megatron_sat.analysis.evaluation import BUNDLED_TASKS
+
+    return load_yaml(os.path.join(BUNDLED_TASKS, task + ".yaml"), resolve_func=True)
+
+
+def test_based_recall_protocol():
+    """The bundled based_* configs: hub data set, prompt, 0-shot greedy answer to a newline, contains metric."""
+    configs = {t: _bundled(t) for t in ("based_triviaqa", "based_nq_2048", "based_drop")}
+    for task, cfg in configs.items():
+        assert cfg["task"] == task and cfg["dataset_path"] == "hazyresearch/" + task
+        assert cfg["validation_split"] == "validation" and cfg["output_type"] == "generate_until"
+        assert cfg["generation_kwargs"] == {"until": ["\n"], "max_gen_toks": 48, "do_sample": False}
+        assert cfg["metric_list"] == [{"metric": "contains", "aggregation": "mean", "higher_is_better": True}]
+    trivia, drop = configs["based_triviaqa"], configs["based_drop"]
+    doc = {"context": "[DOC] [TLE] Paris [PAR] Paris is the capital of France. The capital of France is",
+           "question": "The capital of France is", "answers": ["Paris", "paris, france"]}
+    assert trivia["doc_to_text"](doc) == "Paris  Paris is the capital of France. The capital of France is"
+    assert drop["doc_to_text"](doc).startswith("[DOC] [TLE] Paris [PAR]")  # markers are TriviaQA's only
+    repeated = {"context": "He scored 3 goals. How many goals", "question": "how many goals",  # cut, any case
+                "answers": ["3"]}
+    assert drop["doc_to_text"](repeated) == "He scored 3 goals. how many goals"
+    assert drop["doc_to_target"](repeated) == " 3" and drop["doc_to_target"](dict(repeated, answers=[])) == \
+        " unanswerable"
+    score = lambda gen, answers: drop["process_results"]({"answers": answers}, [gen])  # noqa: E731
+    assert score(" PARIS, the city", ["Paris"]) == {"contains": 1}
+    assert score(" Lyon", ["Paris", "Marseille"]) == {"contains": 0}
+    assert score(" 3.5 (approx)", ["3.5 (approx)"]) == {"contains": 1}  # answers are literal text, not regexes
+    assert score(" 305", ["3.5"]) == {"contains": 0}
+    assert score(" anything", []) == {"contains": 0}
+
+
+def test_based_recall_offline(export, tmp_path):
+    """based_triviaqa on a local copy of its data (a YAML that includes the bundled one), scored by lm-eval and
+    recomputed here from the model's own greedy generations."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megatron_sat.analysis.evaluation import BUNDLED_TASKS, evaluate
+
+    data = os.path.join(TASKS, "tiny_recall.jsonl")
+    shutil.copy(data, tmp_path / "recall.jsonl")
+    (tmp_path / "local_trivia.yaml").write_text(  # the README's example: data_files relative to the YAML
+        f"include: {os.path.join(BUNDLED_TASKS, 'based_triviaqa.yaml')}\ntask: tiny_based_triviaqa\n"
+        "dataset_path: json\ndataset_kwargs: {data_files: {validation: recall.jsonl}}\n")
+    summary = evaluate(export, ["tiny_based_triviaqa"], include_paths=[str(tmp_path)], batch_size=1,
+                       log=lambda *a: None)
+    rows = {(r["task"], r["metric"]): r["value"] for r in summary["table"]}
+
+    tok = AutoTokenizer.from_pretrained(export)
+    model = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True, dtype=torch.float32).eval()
+    prompt, hits = _bundled("based_triviaqa")["doc_to_text"], []
+    for line in open(data):
+        doc = json.loads(line)
+        ids = torch.tensor([tok(prompt(doc))["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=0, pad_token_id=0)
+        generation = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        hits.append(any(a.lower() in generation.lower() for a in doc["answers"]))
+    assert summary["n_samples"]["tiny_based_triviaqa"]["effective"] == 4
+    assert rows[("tiny_based_triviaqa", "contains")] == pytest.approx(sum(hits) / len(hits), abs=1e-9)

@@ -7,15 +7,16 @@
 Suites:
   retrieval  the paper's: swde, fda, squad_completion, based_triviaqa, based_nq_2048, based_drop
              (contains-match on a generated continuation; the closed-book triviaqa / nq_open / drop
-             tasks are not comparable). lm-eval 0.4.13 ships swde, fda and squad_completion; the
-             based_* tasks come from HazyResearch's based evaluation harness: give their YAMLs with
-             --include-path, or --skip-missing to run the rest.
+             tasks are not comparable). lm-eval 0.4.13 ships swde, fda and squad_completion; the three
+             based_* tasks are defined in lm_eval_tasks/ beside this file, which is always searched.
   zeroshot   lambada_openai, piqa, hellaswag, winogrande, arc_easy, arc_challenge (0-shot).
 
-Built-in tasks download their data sets (Hugging Face hub). Offline, give local task YAMLs with
---include-path DIR: YAML files there that name `dataset_kwargs.data_files` with relative paths are
-resolved against the YAML's own folder (lm-eval itself would resolve them against the working
-directory), e.g. tests/data/eval/.
+Tasks download their data sets from the Hugging Face hub (on an offline machine, fill the hub cache
+first and set HF_DATASETS_OFFLINE=1). Local task YAMLs come with --include-path DIR; they are read
+with lm-eval's own loader (`include:` and `!function` work), and relative `dataset_kwargs.data_files`
+are resolved against the YAML's folder (lm-eval alone would resolve them against the working
+directory), e.g. tests/data/eval/. A based_* task runs on a local copy of its data with a YAML
+that includes the bundled one and sets `dataset_path: json` and `data_files`.
 
 Outputs (--output DIR): results.json (lm-eval's results, configs and versions, plus the table and
 suite averages) and results.md; the table is printed either way. Needs `pip install lm-eval[hf]==0.4.13`.
@@ -27,6 +28,7 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
+BUNDLED_TASKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lm_eval_tasks")
 RETRIEVAL = ["swde", "fda", "squad_completion", "based_triviaqa", "based_nq_2048", "based_drop"]
 ZERO_SHOT = ["lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge"]
 SUITES = {"retrieval": RETRIEVAL, "zeroshot": ZERO_SHOT}
@@ -39,22 +41,18 @@ class EvaluationError(RuntimeError):
 
 
 def local_task_configs(include_paths: Sequence[str]) -> Dict[str, dict]:
-    """{task name: config} of the plain YAML files in include_paths, relative data_files made absolute.
-
-    YAMLs that plain YAML cannot read (lm-eval's !function tags) are left to lm-eval's own loader.
-    """
-    import yaml
+    """{task name: config} of the task YAMLs in include_paths, relative data_files made absolute."""
+    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's loader (its own CLI uses it); pinned 0.4.13
 
     configs = {}
     for folder in include_paths:
         for path in sorted(glob.glob(os.path.join(folder, "**", "*.yaml"), recursive=True)):
             try:
-                with open(path) as f:
-                    cfg = yaml.safe_load(f)
-            except yaml.YAMLError:
-                continue
-            if not isinstance(cfg, dict) or "task" not in cfg or "include" in cfg:
-                continue
+                cfg = load_yaml(path, resolve_func=True)
+            except Exception as e:  # a YAML error, a bad !function, an include that is not there
+                raise EvaluationError(f"cannot read task file {path}: {e}") from e
+            if "task" not in cfg or not isinstance(cfg["task"], str):
+                continue  # a group or a template, left to lm-eval's index
             files = (cfg.get("dataset_kwargs") or {}).get("data_files")
             if files is not None:
                 base = os.path.dirname(os.path.abspath(path))
@@ -80,7 +78,7 @@ def task_manager(include_paths: tuple):
 
 def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missing: bool, log=print):
     """(lm-eval task specs, TaskManager, skipped task names)."""
-    manager = task_manager(tuple(include_paths))
+    manager = task_manager((BUNDLED_TASKS, *include_paths))
     local = local_task_configs(include_paths)
     known = set(manager.all_tasks) if hasattr(manager, "all_tasks") else set()
     specs, missing = [], []
@@ -92,9 +90,7 @@ def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missi
         else:
             missing.append(name)
     if missing:
-        hint = ("the based_* retrieval tasks are not part of lm-eval 0.4.13: add their YAMLs (HazyResearch's based "
-                "evaluation harness) with --include-path") if any(m.startswith("based_") for m in missing) else \
-            "check the name (python -m lm_eval ls tasks) or add its YAML with --include-path"
+        hint = "check the name (python -m lm_eval ls tasks) or add its YAML with --include-path"
         if not skip_missing:
             raise EvaluationError(f"unknown lm-eval task(s): {', '.join(missing)}; {hint}; or pass --skip-missing")
         log(f"skipping unknown task(s) {', '.join(missing)} ({hint})")
