@@ -11,8 +11,11 @@ BPE 512 trained on it), 40 scheduled steps, global batch 8 = 4 micro-batches of 
      gate telemetry (relative 1e-5)
   E  1 process, --load D (TP2 x PP2 -> TP1 x PP1), steps 9-10    -> A's losses
   N  1 process, NaN injected at step 5 -> exit 3 with a message; latest checkpoint stays at 3
-plus bad input (unknown recipe/arch, missing data, indivisible batch): exit 2, clear message,
-nothing written. Seven trainer launches in all (~1-2 minutes on 2 cores).
+  F  1 process, --save F --load F --pretrained-checkpoint A, steps 1-2: A's final weights (validation
+     loss after a step at lr 0 equals A's last one exactly), a new LR schedule from iteration 0; the
+     same command rerun (a requeued job) resumes F's own checkpoint, steps 3-4
+plus bad input (unknown recipe/arch, missing data, indivisible batch, missing pretrained checkpoint):
+exit 2, clear message, nothing written. Nine trainer launches in all (~2 minutes on 2 cores).
 """
 
 import json
@@ -98,6 +101,11 @@ def runs(tmp_path_factory):
     out["E_log"] = train(*TINY, *data, "--save", str(tmp / "E"), "--load", str(tmp / "D"), "--exit-interval", "10")
     out["N_log"] = train(*TINY, *data, "--save", str(tmp / "N"), "--save-interval", "3",
                          "--debug-inject-nan-at-step", "5", expect=3)
+    (tmp / "F").mkdir()
+    finetune = [*TINY, *data, "--save", str(tmp / "F"), "--load", str(tmp / "F"), "--pretrained-checkpoint",
+                str(tmp / "A"), "--eval-interval", "1"]
+    out["F1_log"] = train(*finetune, "--exit-interval", "2")
+    out["F2_log"] = train(*finetune, "--exit-interval", "4")  # a requeued job: same command, later exit
     return out
 
 
@@ -168,6 +176,17 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(runs):
     assert max(train_rows) == 4
 
 
+def test_pretrained_checkpoint_gives_weights_only_and_a_rerun_resumes(runs):
+    _, ref_val = metrics(runs["tmp"] / "A")
+    got, val = metrics(runs["tmp"] / "F")
+    assert sorted(got) == [1, 2, 3, 4]
+    assert val[1] == ref_val[40]  # A's final weights, unchanged by a first step at lr 0
+    assert [got[k]["lr"] for k in (1, 2, 3)] == pytest.approx([0.0, 1.5e-3, 3e-3])  # new schedule, iteration 0
+    assert f"initialised from the weights of {runs['tmp'] / 'A' / 'iter_0000040'}" in runs["F1_log"]
+    assert f"resumed from {runs['tmp'] / 'F' / 'iter_0000002'}" in runs["F2_log"]
+    assert "initialised from" not in runs["F2_log"] and latest(runs["tmp"] / "F") == 4
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--recipe", "no_such_recipe"], "unknown recipe 'no_such_recipe'; known recipes: "),
     (["--arch", "mamba", "--mock-data", "--vocab-size", "64"], "unknown --arch 'mamba'"),
@@ -175,6 +194,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(runs):
      "--data-path: no indexed dataset (.bin + .idx) at /nonexistent/corpus_text_document"),
     (["--mock-data", "--vocab-size", "64", "--global-batch-size", "7"],
      "--global-batch-size 7 is not divisible by --micro-batch-size x data-parallel size = 2 x 1"),
+    (["--mock-data", "--vocab-size", "64", "--pretrained-checkpoint", "/nonexistent/run"],
+     "--pretrained-checkpoint folder /nonexistent/run does not exist"),
 ])
 def test_bad_input_fails_clearly_without_writing(tmp_path, extra, message):
     save = tmp_path / "run"

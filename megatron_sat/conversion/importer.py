@@ -16,10 +16,12 @@ given. What is written (megatron_sat.training.checkpointing's format):
   SAVE/config.json                        the recorded arguments, for reading
   SAVE/tokenizer/                         the HF folder's tokenizer, when it has one
 
-The trainer's load_checkpoint always restores optimizer and scheduler state, so the checkpoint has
-both: Adam moments are zero and the step counter is stored as 1e-30 (megatron-core does not save a
-step of 0, and float32 1e-30 + 1 == 1, so the first step is exactly a fresh Adam step). The LR
-schedule recorded is the one the flags given here define: resume with the same schedule flags.
+A plain `--load` restores optimizer and scheduler state too, so the checkpoint has both: Adam
+moments are zero and the step counter is stored as 1e-30 (megatron-core does not save a step of 0,
+and float32 1e-30 + 1 == 1, so the first step is exactly a fresh Adam step). The LR schedule
+recorded is the one the flags given here define: resume with the same schedule flags, or start a
+new run with `--pretrained-checkpoint SAVE`, which takes the weights only and follows the training
+command's schedule.
 The weights are written once, at TP1/PP1, from one process; dist-checkpointing reshards them to the
 layout the trainer runs at, and the layout flags given here are validated against the model and
 recorded. With --bf16 the weights are rounded to bfloat16 and the fp32 master copy starts from them.

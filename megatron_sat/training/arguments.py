@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--save", default=None, help="run folder: checkpoints, metrics.jsonl, config.json (default runs/RECIPE)")
     g("--load", default=None, help="resume from this folder's latest complete checkpoint")
     g("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
+    g("--pretrained-checkpoint", default=None, metavar="DIR",
+      help="when --load has nothing to resume, start from the model weights of DIR's latest checkpoint (fine-"
+           "tuning, or an HF import under a new schedule): new optimizer, LR schedule, data order, iteration 0")
     g("--save-interval", type=int, default=None)
     g("--no-save-final", dest="save_final", action="store_false", help="skip the final checkpoint")
     g("--exit-interval", type=int, default=None, help="save and exit at the first iteration that is a multiple of N")
@@ -186,6 +189,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append(f"--load folder {args.load} does not exist")
     if args.ckpt_step is not None and not args.load:
         errors.append("--ckpt-step needs --load")
+    if args.pretrained_checkpoint and not os.path.isdir(args.pretrained_checkpoint):
+        errors.append(f"--pretrained-checkpoint folder {args.pretrained_checkpoint} does not exist")
     if errors:
         raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
 

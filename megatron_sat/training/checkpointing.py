@@ -1,7 +1,8 @@
 """Checkpoints with Megatron dist-checkpointing (any layout saves, any layout loads).
 
 Two levels:
-  * save_model / load_model: model weights only (used by tests/workers/equivalence.py).
+  * save_model / load_model: model weights only (tests/workers/equivalence.py; load_weights is
+    the trainer's --pretrained-checkpoint).
   * save_checkpoint / load_checkpoint: the trainer's full state, so that a resumed run continues
     exactly: model, optimizer state (optimizer.sharded_state_dict, resharded on load like the
     model), LR scheduler, iteration, consumed samples, RNG states, and the arguments.
@@ -78,6 +79,19 @@ def read_tracker(root: str) -> Optional[int]:
         return None
     with open(path) as f:
         return int(f.read().strip())
+
+
+def load_weights(root: str, chunks) -> str:
+    """Load only the model weights of root's latest checkpoint; returns its folder.
+
+    The caller refreshes the optimizer's main parameters (optimizer.reload_model_params()).
+    """
+    iteration = read_tracker(root)
+    if iteration is None:
+        raise FileNotFoundError(f"{root} holds no complete checkpoint ({TRACKER} is missing)")
+    directory = checkpoint_dir(root, iteration)
+    load_model(chunks, directory)
+    return directory
 
 
 def layout_key() -> dict:

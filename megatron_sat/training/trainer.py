@@ -108,7 +108,9 @@ def train(args) -> int:
         "te" if te_available() else "local")
     problem = ("--transformer-impl transformer_engine needs Transformer Engine on a GPU"
                if backend == "te" and not te_available() else
-               "--fp8-format needs Transformer Engine on a GPU" if args.fp8_format and backend != "te" else None)
+               "--fp8-format needs Transformer Engine on a GPU" if args.fp8_format and backend != "te" else
+               f"--pretrained-checkpoint: {args.pretrained_checkpoint} holds no complete checkpoint"
+               if args.pretrained_checkpoint and ckpt.read_tracker(args.pretrained_checkpoint) is None else None)
     if problem:
         log(f"megatron-sat-train: error: {problem}")
         return 2
@@ -157,12 +159,16 @@ def train(args) -> int:
     if args.load:
         loaded = ckpt.load_checkpoint(args.load, chunks, optimizer, scheduler, args.ckpt_step)
         if loaded is None:
-            log(f"no checkpoint in {args.load}: starting from scratch")
+            log(f"no checkpoint in {args.load}: starting {'anew' if args.pretrained_checkpoint else 'from scratch'}")
         else:
             iteration, consumed = loaded["iteration"], loaded["consumed_train_samples"]
             saved = loaded["layout"]
             log(f"resumed from {loaded['directory']} (iteration {iteration}, saved at TP{saved['tp']} x "
                 f"PP{saved['pp']}{'' if loaded['rng_restored'] else '; RNG state not restored: layout changed'})")
+    if loaded is None and args.pretrained_checkpoint:  # a resumed run already holds weights that came from it
+        directory = ckpt.load_weights(args.pretrained_checkpoint, chunks)
+        optimizer.reload_model_params()  # the optimizer's main (fp32) copies were made from the initial weights
+        log(f"initialised from the weights of {directory}: new optimizer state, LR schedule and data order")
     train_iter, valid_iters = build_iterators(args, tokenizer, data, consumed)
 
     # per-token FLOPs over global params (num_params above is this rank's share)
