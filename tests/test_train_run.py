@@ -14,8 +14,10 @@ BPE 512 trained on it), 40 scheduled steps, global batch 8 = 4 micro-batches of 
   F  1 process, --save F --load F --pretrained-checkpoint A, steps 1-2: A's final weights (validation
      loss after a step at lr 0 equals A's last one exactly), a new LR schedule from iteration 0; the
      same command rerun (a requeued job) resumes F's own checkpoint, steps 3-4
+  G  2 processes DP2 with the distributed optimizer, steps 1-3; then 1 process resumes it (the
+     optimizer state resharded DP2 -> DP1), steps 4-6 -> A's losses (relative 1e-5)
 plus bad input (unknown recipe/arch, missing data, indivisible batch, missing pretrained checkpoint):
-exit 2, clear message, nothing written. Nine trainer launches in all (~2 minutes on 2 cores).
+exit 2, clear message, nothing written. Eleven trainer launches in all (~2-3 minutes on 2 cores).
 """
 
 import json
@@ -106,6 +108,9 @@ def runs(tmp_path_factory):
                 str(tmp / "A"), "--eval-interval", "1"]
     out["F1_log"] = train(*finetune, "--exit-interval", "2")
     out["F2_log"] = train(*finetune, "--exit-interval", "4")  # a requeued job: same command, later exit
+    dist_opt = [*TINY, *data, "--save", str(tmp / "G"), "--use-distributed-optimizer"]
+    out["G1_log"] = train(*dist_opt, "--exit-interval", "3", nproc=2)
+    out["G2_log"] = train(*dist_opt, "--load", str(tmp / "G"), "--exit-interval", "6")
     return out
 
 
@@ -185,6 +190,16 @@ def test_pretrained_checkpoint_gives_weights_only_and_a_rerun_resumes(runs):
     assert f"initialised from the weights of {runs['tmp'] / 'A' / 'iter_0000040'}" in runs["F1_log"]
     assert f"resumed from {runs['tmp'] / 'F' / 'iter_0000002'}" in runs["F2_log"]
     assert "initialised from" not in runs["F2_log"] and latest(runs["tmp"] / "F") == 4
+
+
+def test_distributed_optimizer_resumes_across_data_parallel_sizes(runs):
+    ref, _ = metrics(runs["tmp"] / "A")
+    got, _ = metrics(runs["tmp"] / "G")
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    assert "DP2" in runs["G1_log"] and f"resumed from {runs['tmp'] / 'G' / 'iter_0000003'}" in runs["G2_log"]
+    for s in got:  # DP2 (steps 1-3) and DP1 after the resume (4-6) against the plain optimizer at DP1
+        assert got[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-5), s
+        assert got[s]["grad_norm"] == pytest.approx(ref[s]["grad_norm"], rel=1e-4), s
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -57,6 +57,17 @@ P8  ``torch.Tensor.cuda`` (process-wide, the only global patch) -> returns the t
     it for tied embeddings with PP>1, ``tensor_parallel.broadcast_data``, checkpoint exchange and optimizer
     state reloads.
 
+P9  ``DistributedOptimizer`` running torch's Adam/AdamW (megatron's fallback when neither Apex nor TE is present,
+    i.e. always on CPU) cannot resume from a checkpoint in megatron-core 0.19.2; three fixes, in its methods:
+    (a) ``sharded_state_dict(is_loading=True)`` on a fresh optimizer: its ``state_dict()`` asserts that every
+    (still empty) parameter state has a ``step``. The states are made first (megatron's own ``init_state_fn``)
+    with ``step`` 0; the loaded checkpoint then overwrites all of them. (b) the fully reshardable load skips the
+    saved ``step`` (it is restored from the parameter groups), then copies every state tensor it finds, ``step``
+    included, from what it skipped (KeyError): each parameter's own ``step`` is passed along. (c) that restore
+    gives every parameter the same ``step`` tensor, which torch's Adam then increments once per parameter per
+    step, so the resumed run's bias correction is wrong (seen: a different loss at the first resumed step);
+    after loading, each parameter gets its own copy. With these, a distributed-optimizer run resumes exactly.
+
 Checked and deliberately not patched: ``torch.cuda.current_device`` & co. outside megatron.core (only megatron's
 view, P1, changes); ``transformer.module._FLOAT_TYPES`` (already includes ``torch.FloatTensor``); megatron's
 fallbacks when Apex/TE are absent (torch AdamW/SGD, local multi-tensor applier) work on CPU as they are.
@@ -503,6 +514,47 @@ def _patch_method(cls, name, mod):
 
 def _patch_distrib_optimizer(mod) -> None:
     _patch_method(mod.DistributedOptimizer, "_build_model_and_main_param_groups", mod)
+    if not mod.HAVE_APEX_OR_TE:
+        _patch_torch_adam_resume(mod.DistributedOptimizer)
+
+
+def _patch_torch_adam_resume(cls) -> None:
+    """P9: resuming a DistributedOptimizer that runs torch's Adam (see the module docstring)."""
+    if getattr(cls, "_megatron_sat_cpu_patched_resume", False):
+        return
+    orig_sharded, orig_set, orig_load = (cls.sharded_state_dict, cls._set_main_param_and_optimizer_states,
+                                         cls.load_state_dict)
+
+    @functools.wraps(orig_sharded)
+    def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, **kwargs):
+        if is_loading and self.init_state_fn is not None:  # (a)
+            self.init_state_fn(self.optimizer, self.config)
+            for state in self.optimizer.state.values():
+                state.setdefault("step", torch.zeros((), dtype=torch.float32))
+        return orig_sharded(self, model_sharded_state_dict, is_loading=is_loading, **kwargs)
+
+    @functools.wraps(orig_set)
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        if "step" not in tensors:  # (b)
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            step = self.optimizer.state[main_param].get("step")
+            if step is not None:
+                tensors = dict(tensors, step=step)
+        return orig_set(self, model_param, tensors)
+
+    @functools.wraps(orig_load)
+    def load_state_dict(self, state_dict):
+        result = orig_load(self, state_dict)
+        for state in self.optimizer.state.values():  # (c)
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+        return result
+
+    cls.sharded_state_dict = sharded_state_dict
+    cls._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+    cls.load_state_dict = load_state_dict
+    cls._megatron_sat_cpu_patched_resume = True
 
 
 def _patch_optimizer(mod) -> None:

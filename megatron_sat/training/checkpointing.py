@@ -25,6 +25,8 @@ import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+from megatron_sat import compat
+
 TRACKER = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 1
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}  # reshardable across layouts
@@ -168,23 +170,16 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, *, 
     return final
 
 
-def _torch_distributed_optimizers(optimizer):
-    """DistributedOptimizers running torch's AdamW (no Apex/TE: CPU)."""
+def _check_optimizer_loadable(optimizer) -> None:
+    """megatron-core 0.19.2 cannot resume a DistributedOptimizer that runs torch's AdamW (neither Apex nor TE
+    present). The CPU compatibility layer mends that (megatron_sat/compat/cpu.py, P9); on a GPU, say so."""
     from megatron.core.optimizer.distrib_optimizer import HAVE_APEX_OR_TE, DistributedOptimizer
 
-    if HAVE_APEX_OR_TE:
-        return []
-    return [o for o in getattr(optimizer, "chained_optimizers", [optimizer]) if isinstance(o, DistributedOptimizer)]
-
-
-def _check_optimizer_loadable(optimizer) -> None:
-    """megatron-core 0.19.2 cannot load a DistributedOptimizer that runs torch's AdamW (no Apex/TE, i.e.
-    on CPU): its state_dict() asserts a 'step' in every (still empty) param state, and its
-    fully-reshardable load copies into a 'step' it never read (KeyError). Say so instead."""
-    if _torch_distributed_optimizers(optimizer):
-        raise RuntimeError("loading a checkpoint into the distributed optimizer needs Apex or Transformer Engine "
-                           "(megatron-core 0.19.2 fails with torch's AdamW); on CPU train without "
-                           "--use-distributed-optimizer")
+    if compat.is_cpu_mode() or HAVE_APEX_OR_TE:
+        return
+    if any(isinstance(o, DistributedOptimizer) for o in getattr(optimizer, "chained_optimizers", [optimizer])):
+        raise RuntimeError("resuming the distributed optimizer on a GPU needs Transformer Engine or Apex "
+                           "(megatron-core 0.19.2 cannot resume it with torch's AdamW)")
 
 
 def load_checkpoint(root: str, chunks, optimizer, scheduler, ckpt_step: Optional[int] = None) -> Optional[dict]:
