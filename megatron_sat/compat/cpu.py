@@ -79,7 +79,8 @@ the real module (none is on the CPU paths tested); TransformerEngine and Apex co
 Verified by tests/test_compat.py (one 2-rank gloo launch): initialize_model_parallel + RNG tracker, GPTModel
 fwd/bwd, recompute with dropout, TP=2 (with and without sequence parallel) == TP=1, DDP DP=2 +
 finalize_model_grads, get_megatron_optimizer with clip_grad (exact SGD check) and with the distributed
-optimizer (== plain), dist_checkpointing torch_dist save/load incl. TP=2 -> TP=1, PP=2 schedule == PP=1.
+optimizer (== plain), dist_checkpointing torch_dist save/load incl. TP=2 -> TP=1, PP=2 schedule == PP=1; P9 by
+tests/test_train_run.py (a DP2 distributed-optimizer run resumed at DP1 equals the plain optimizer's run).
 
 Public API: :func:`ensure_cpu_compat`, :func:`device`, :func:`dist_backend`, :func:`is_cpu_mode`.
 """
