@@ -24,25 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TASKS = os.path.join(HERE, "data", "eval")
 sys.path.insert(0, os.path.join(HERE, "workers"))
-from conversion import write_tokenizer  # noqa: E402
+from conversion import write_tiny_export  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
-    from transformers import PreTrainedTokenizerFast
-
-    from megatron_sat.conversion.hf_io import write_hf_folder
-    from megatron_sat.conversion.mapping import ModelSpec, hf_config, hf_shapes
-
-    root = tmp_path_factory.mktemp("eval")
-    spec = ModelSpec(arch="satformer", num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2,
-                     ffn_hidden_size=64, kv_channels=8, vocab_size=128, max_position_embeddings=64)
-    g = torch.Generator().manual_seed(0)
-    weights = {k: (torch.ones(s) if k.endswith("norm.weight") else 0.3 * torch.randn(s, generator=g))
-               for k, s in hf_shapes(spec).items()}
-    write_tokenizer(str(root / "tok" / "tokenizer.json"))
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(root / "tok" / "tokenizer.json"), eos_token="<|endoftext|>")
-    return write_hf_folder(str(root / "hf"), spec, hf_config(spec, torch.float32, eos=0), weights, tokenizer=tok)
+    return write_tiny_export(str(tmp_path_factory.mktemp("eval") / "hf"), "satformer", num_layers=2)
 
 
 def expected_accuracy(model_dir):

@@ -10,6 +10,9 @@
     export_resharded(root) 1 rank: export every B -> HF_B (satformer sharded), B_vpp; checkpoints that
                            export must refuse.
 
+    write_tiny_export(folder, arch, num_layers)  an export with random weights, no trainer run
+                           (tests/test_evaluate.py, tests/test_gate_report.py).
+
 Folder layout under root: tok/tokenizer.json, {variant}/{A,B,C} (run folders), {variant}/{HF_A,HF_B,HF_C}.
 """
 
@@ -47,6 +50,26 @@ def write_tokenizer(path: str) -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tok.save(path)
+
+
+def write_tiny_export(folder: str, arch: str, num_layers: int, num_query_groups: int = 2) -> str:
+    """An HF export with random weights (hidden 32, 4 heads, vocab 128, 64 positions) and the word-level
+    tokenizer, written by the converter's own writer, without a trainer run (tests of the tools on exports)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from megatron_sat.conversion.hf_io import write_hf_folder
+    from megatron_sat.conversion.mapping import ModelSpec, hf_config, hf_shapes
+
+    spec = ModelSpec(arch=arch, num_layers=num_layers, hidden_size=32, num_attention_heads=4,
+                     num_query_groups=num_query_groups, ffn_hidden_size=64, kv_channels=8, vocab_size=128,
+                     max_position_embeddings=64)
+    g = torch.Generator().manual_seed(0)
+    weights = {k: (torch.ones(s) if k.endswith("norm.weight") else 0.3 * torch.randn(s, generator=g))
+               for k, s in hf_shapes(spec).items()}
+    tok_file = os.path.join(folder + "_tokenizer", "tokenizer.json")
+    write_tokenizer(tok_file)
+    tok = PreTrainedTokenizerFast(tokenizer_file=tok_file, eos_token="<|endoftext|>")
+    return write_hf_folder(folder, spec, hf_config(spec, torch.float32, eos=0), weights, tokenizer=tok)
 
 
 def _args(variant: str, tp: int = 1, pp: int = 1, vpp=None, tokenizer=None, **override):
