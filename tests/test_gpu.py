@@ -1,5 +1,6 @@
 """GPU-only paths: the local spec in BF16 on CUDA, the Transformer Engine spec (BF16 and FP8), for every
-arch; the DenseFormer, MUDDFormer and Hyper-Connections baselines are BF16 only (FP8 must be refused).
+arch; the DenseFormer, MUDDFormer and Hyper-Connections baselines are BF16 only (FP8 must be refused);
+and a trainer run with the distributed optimizer on TE/Apex FusedAdam resumed from a checkpoint.
 
 Skipped with a printed reason on machines without CUDA (or without transformer-engine). Run on a
 GPU with `bash tools/gpu_check.sh` (a few minutes on one H100/H200), which also runs the 760M
@@ -95,3 +96,23 @@ def test_te_spec_matches_local_and_runs_fp8(gpu_results, arch):
         assert f"FP8 is not supported for the {arch} baseline" in (gpu_results[f"{arch}/fp8_refused"] or "")
     else:
         assert gpu_results[f"{arch}/fp8_vs_fp32_loss"] < 0.05  # FP8 on a 256-wide model: a loose sanity bound
+
+
+def test_distributed_optimizer_resumes_on_gpu(tmp_path):
+    """The GPU's default optimizer (distributed, TE/Apex FusedAdam): 3 steps, save, resume for 3 more
+    -> the uninterrupted run's losses (fp32; relative 1e-4 leaves room for GPU kernel nondeterminism)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from test_train_run import metrics, train
+
+    run = ["--recipe", "debug_satformer", "--use-distributed-optimizer", "--no-bf16", "--train-iters", "6",
+           "--log-interval", "1", "--no-progress-bar"]
+    train(*run, "--save", str(tmp_path / "straight"))
+    train(*run, "--save", str(tmp_path / "resumed"), "--exit-interval", "3")
+    log = train(*run, "--save", str(tmp_path / "resumed"), "--load", str(tmp_path / "resumed"))
+    assert "resumed from" in log
+    ref, _ = metrics(tmp_path / "straight")
+    got, _ = metrics(tmp_path / "resumed")
+    assert sorted(got) == list(range(1, 7))
+    for step in (4, 5, 6):
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-4), step

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of megatron-sat in one script, a few minutes on one H100/H200:
 #   bash tools/gpu_check.sh [OUT_DIR]
-# 1. tests/test_gpu.py: local spec in BF16 on CUDA; TE spec equal to the local spec; FP8 runs;
+# 1. tests/test_gpu.py: local spec in BF16 on CUDA; TE spec equal to the local spec; FP8 runs; the
+#    distributed optimizer (FusedAdam) resumed from a checkpoint equals the uninterrupted run;
 # 2. the same-layout step benchmark at 760M, BF16, seq 4096, every arch with ratios to the Transformer
 #    (goal for SATFormer: time and peak-memory ratios <= 1.02; the paper has SATFormer 1.75x/1.82x the
 #    throughput of Hyper-Connections/MUDDFormer with 31%/5% less memory), on the TE backend when TE
