@@ -110,7 +110,6 @@ class GateProbe:
         heads = mixing[self.layers[0]].alpha_proj.out_features
         self.sum = torch.zeros(len(self.layers), heads, dtype=torch.float64)  # [L, N_kv]
         self.zeros = torch.zeros(len(self.layers), heads, dtype=torch.float64)
-        self.count = 0  # tokens seen per layer and head
         self.token_sum = torch.zeros(vocab_size, dtype=torch.float64)
         self.token_count = torch.zeros(vocab_size, dtype=torch.float64)
         self.ids: Optional[torch.Tensor] = None  # the batch being run [b, s]
@@ -130,7 +129,6 @@ class GateProbe:
             head_mean = alpha.mean(-1)  # [b, s]
             self._batch_gate = head_mean if self._batch_gate is None else self._batch_gate + head_mean
             if j == len(self.layers) - 1:
-                self.count += alpha.shape[0] * alpha.shape[1]
                 ids = self.ids.flatten().cpu()
                 self.token_sum.index_add_(0, ids, (self._batch_gate / len(self.layers)).flatten())
                 self.token_count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
@@ -139,10 +137,10 @@ class GateProbe:
         return hook
 
     def mean(self) -> torch.Tensor:
-        return self.sum / self.count  # [L, N_kv]
+        return self.sum / self.token_count.sum()  # [L, N_kv]; every layer and head sees every token
 
     def zero_fraction(self) -> torch.Tensor:
-        return self.zeros / self.count
+        return self.zeros / self.token_count.sum()
 
     def remove(self):
         for h in self.handles:
@@ -189,15 +187,13 @@ def analyze(model_dir: str, documents: Optional[Sequence[str]] = None, *, seq_le
             log(f"  perplexity with gates {mode}: {math.exp(nll[mode]):.3f} (as trained: {math.exp(nll['gates']):.3f})")
     probe.remove()
 
-    seen = probe.token_count >= min_count
-    token_mean = torch.where(seen, probe.token_sum / probe.token_count.clamp(min=1), torch.nan)
-    ids = seen.nonzero().flatten().tolist()
-    rows = sorted(({"id": i, "token": tokenizer.decode([i]), "count": int(probe.token_count[i]),
-                    "mean_gate": float(token_mean[i])} for i in ids), key=lambda r: -r["mean_gate"])
+    text = {i: tokenizer.decode([i]) for i in probe.token_count.nonzero().flatten().tolist()}  # tokens seen
+    rows = sorted(({"id": i, "token": t, "count": int(probe.token_count[i]),
+                    "mean_gate": float(probe.token_sum[i] / probe.token_count[i])}
+                   for i, t in text.items() if probe.token_count[i] >= min_count), key=lambda r: -r["mean_gate"])
     classes = {}
     for name, pick in (("function", True), ("content", False)):
-        members = [i for i in probe.token_count.nonzero().flatten().tolist()
-                   if is_function_token(tokenizer.decode([i])) == pick]
+        members = [i for i, t in text.items() if is_function_token(t) == pick]
         n = float(probe.token_count[members].sum()) if members else 0.0
         classes[name] = {"tokens": int(n), "mean_gate": float(probe.token_sum[members].sum()) / n if n else None}
     layers = [{"layer": i + 1, "head": h, "mean_gate": float(mean[j, h]), "zero_fraction": float(zero[j, h])}

@@ -83,15 +83,20 @@ def read_tracker(root: str) -> Optional[int]:
         return int(f.read().strip())
 
 
+def checkpoint_to_load(root: str, ckpt_step: Optional[int] = None) -> Optional[str]:
+    """The folder of ckpt_step's checkpoint, or of root's latest complete one (None when there is none)."""
+    iteration = ckpt_step if ckpt_step is not None else read_tracker(root)
+    return None if iteration is None else checkpoint_dir(root, iteration)
+
+
 def load_weights(root: str, chunks) -> str:
     """Load only the model weights of root's latest checkpoint; returns its folder.
 
     The caller refreshes the optimizer's main parameters (optimizer.reload_model_params()).
     """
-    iteration = read_tracker(root)
-    if iteration is None:
+    directory = checkpoint_to_load(root)
+    if directory is None:
         raise FileNotFoundError(f"{root} holds no complete checkpoint ({TRACKER} is missing)")
-    directory = checkpoint_dir(root, iteration)
     load_model(chunks, directory)
     return directory
 
@@ -189,10 +194,9 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, ckpt_step: Optional
     and 'rng_restored'; None when root holds no complete checkpoint and no ckpt_step was asked for.
     RNG states are restored only when TP and PP match the saved layout (they are per rank).
     """
-    iteration = ckpt_step if ckpt_step is not None else read_tracker(root)
-    if iteration is None:
+    directory = checkpoint_to_load(root, ckpt_step)
+    if directory is None:
         return None
-    directory = checkpoint_dir(root, iteration)
     if not dist_checkpointing.check_is_distributed_checkpoint(directory):
         raise FileNotFoundError(f"{directory} is not a complete Megatron distributed checkpoint")
     common = dist_checkpointing.load_common_state_dict(directory)
