@@ -1,42 +1,51 @@
-"""The Megatron model computes the paper's formulas: compared with a plain-PyTorch forward.
+"""The Megatron model computes the paper's formulas, forward and backward, and starts from the
+documented initial values.
 
-The reference below is written from ../shared/reference/satformer.md alone (no Megatron code):
-pre-norm RMSNorm blocks, per-head QK RMSNorm, rotate-half RoPE (theta 1e4), causal GQA attention,
-SwiGLU, tied embeddings, and the value residual
+tests/reference_formulas.py writes every arch from ../shared/reference/satformer.md in plain PyTorch.
+One process builds each variant (all six archs, every SATFormer gate function) in float64 and
+randomises every weight, norms included, so that reading the wrong tensor shows; then
 
-    layer 1:     V1 = V (raw value projection)
-    SATFormer:   V'[t, j] = V[t, j] + ReLU(x_t W_alpha)[j] * V1[t, j]     x = normed attention input
-    ResFormer:   V' = lambda1 V1 + lambda2 V,  lambda1 = s * softmax(logits) (learned) or 0.5/0.5
+  * logits:     the model's against the formulas'                      relative max error <= 1e-10
+  * gradients:  of every parameter, for a random linear functional of the logits, against autograd
+                through the formulas                                    relative max error <= 1e-10
+    (a bug that changes only a backward pass, e.g. V1's gradient path through the mix cut by a
+    detach, leaves the logits and the one-rank-versus-layout comparison of
+    tests/test_parallel_equivalence.py unchanged; this catches it)
+  * causality:  changing the last token changes no earlier logit
+  * init:       the arch's own parameters start at the values their docstrings give (the Hyper-
+                Connections alpha pattern, one-hot DWA weights, zero MUDDFormer W2, ...), and every
+                weight the arch shares with the Transformer equals the Transformer's from the same
+                seed (Hyper-Connections: its output projections / sqrt(n)); equivalence tests load
+                shared weights and cannot see an init bug.
 
-and the connection baselines (X_0 = embedding, X_i = layer i's output):
-
-    DenseFormer:       Y_i = sum_{j<=i} w_i[j] X_j  is layer i+1's input (Y_0 = X_0)
-    MUDDFormer:        layer i+1 takes Q, K, V and the residual from 4 ways, each
-                       RMSNorm(sum_j dw[c, j] RMSNorm_j(X_j)) + X_i with dw = static + MLP(RMSNorm(X_i));
-                       per-layer FFN widths; 1 way out of the last layer
-    Hyper-Connections: n streams H; mix = alpha^T H, H <- beta y + mix[1:], y = f(norm(mix[0])) for
-                       the attention and the MLP, alpha/beta static (+ tanh dynamic); output sum_n H
-
-Every weight, norms included, is randomised first so that reading the wrong tensor shows. One
-process runs all variants in float64 (RoPE angles and their cos/sin in float32, as Megatron
-computes them); tolerance 1e-10 relative on the logits.
+Tolerances: float64 (eps 1.1e-16) with RoPE angles and their cos/sin in float32 on both sides, as
+Megatron computes them. The logits are a few hundred float64 operations deep (seen <= 6.1e-15). The
+gradients go through the same operations backward and then sum over tokens, where terms of both
+signs cancel; the worst seen is 1.0e-13 (Hyper-Connections' scalar dynamic_alpha_scale, a sum of
+b*s*n*(n+1) = 480 terms of both signs), the rest <= 1.1e-14. 1e-10 for both leaves three orders of
+magnitude for rounding and still sees any change of a forward or backward pass larger than 1e-10 of
+the output's or the gradient's size.
 """
 
 import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from dist_utils import init_megatron, run_distributed
+from reference_formulas import GATES, reference_logits
 
-VOCAB, SEQ, BATCH = 97, 12, 2
+VOCAB, SEQ, BATCH, SEED = 97, 12, 2, 7
+LOGIT_RTOL, GRAD_RTOL = 1e-10, 1e-10
 SIZES = dict(num_layers=4, hidden_size=48, num_attention_heads=6, num_query_groups=2, ffn_hidden_size=80)
 VARIANTS = {
     "transformer": dict(arch="transformer"),
     "satformer": dict(arch="satformer"),
     "satformer_sigmoid_last2": dict(arch="satformer", value_residual_gate="sigmoid", value_residual_last_k=2),
     "satformer_softmax": dict(arch="satformer", value_residual_gate="softmax"),
+    "satformer_softmax_sigmoid": dict(arch="satformer", value_residual_gate="softmax_sigmoid"),
+    "satformer_tanh": dict(arch="satformer", value_residual_gate="tanh"),
+    "satformer_identity": dict(arch="satformer", value_residual_gate="identity"),
     "resformer_learned": dict(arch="resformer"),
     "resformer_fixed": dict(arch="resformer", resformer_lambdas="fixed"),
     "denseformer": dict(arch="denseformer"),
@@ -44,180 +53,131 @@ VARIANTS = {
     "hyperconnections": dict(arch="hyperconnections"),
     "hyperconnections_static": dict(arch="hyperconnections", hc_dynamic=False),
 }
+assert {v.get("value_residual_gate", "relu") for v in VARIANTS.values() if v["arch"] == "satformer"} == set(GATES)
 
 
-def rms(x, w, eps=1e-6):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+def _rel(got, want):
+    return ((got - want).abs().max() / want.abs().max()).item()
 
 
-def rope(x, theta=10000.0):  # x [b, s, heads, hn], rotate-half form
-    hn, s = x.shape[-1], x.shape[1]
-    inv = 1.0 / theta ** (torch.arange(0, hn, 2, dtype=torch.float32) / hn)  # Megatron: float32 angles
-    ang = torch.cat([torch.outer(torch.arange(s, dtype=torch.float32), inv)] * 2, -1)  # [s, hn]
-    cos, sin = (t.to(x.dtype)[None, :, None] for t in (ang.cos(), ang.sin()))
-    x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+def _gradient_errors(model, tokens, pos, cfg, g):
+    """Relative max gradient error of every parameter for L = sum(logits * R), R random; and logits."""
+    weights = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    got = model(tokens, pos, None)  # [b, s, V]
+    want = reference_logits(weights, cfg, tokens)
+    cotangent = torch.randn(got.shape, generator=g, dtype=got.dtype)
+    (got * cotangent).sum().backward()
+    (want * cotangent).sum().backward()
+    errors, missing = {}, []
+    for name, p in model.named_parameters():
+        ref = weights[name].grad
+        if p.grad is None or ref is None or not ref.abs().max() > 0:
+            missing.append(name)  # a parameter without a gradient would be compared vacuously
+        else:
+            errors[name] = _rel(p.grad, ref)
+    return got.detach(), want.detach(), errors, missing
 
 
-def qkv(w, p, xn, cfg):
-    """q [b, s, nq, hn] and k [b, s, ng, hn] after QK-norm, raw v [b, s, ng, hn], from the normed input xn."""
-    h, nq, ng = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_query_groups"]
-    hn, (b, s) = h // nq, xn.shape[:2]
-    fused = (xn @ w[p + "self_attention.linear_qkv.weight"].T).view(b, s, ng, (nq // ng + 2) * hn)
-    q, k, v = fused.split([nq // ng * hn, hn, hn], -1)  # per KV group: its query heads, k, v
-    q = rms(q.reshape(b, s, nq, hn), w[p + "self_attention.q_layernorm.weight"])
-    k = rms(k, w[p + "self_attention.k_layernorm.weight"])
-    return q, k, v
+def _init_differences(name, cfg, params, transformer):
+    """What differs from the documented init; params and transformer: {name: tensor} right after build."""
+    arch, L, h = cfg["arch"], cfg["num_layers"], cfg["hidden_size"]
+    bad = []
 
+    def expect(key, value, what):
+        if key not in params:
+            bad.append(f"{key} missing ({what})")
+        # Megatron makes norm weights in float32 before the float64 cast: constants agree to float32 rounding
+        elif not torch.allclose(params[key], torch.as_tensor(value, dtype=params[key].dtype).expand_as(params[key]),
+                                rtol=1e-7, atol=0):
+            bad.append(f"{key} = {params[key].flatten()[:8].tolist()}..., documented: {what}")
 
-def attend(w, p, q, k, v):
-    """RoPE, causal GQA softmax attention and linear_proj: [b, s, h]."""
-    (b, s, nq, hn), ng = q.shape, k.shape[2]
-    q, k = rope(q), rope(k)
-    k, v = (t.repeat_interleave(nq // ng, dim=2) for t in (k, v))  # query head i uses group i // (nq/ng)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hn)
-    causal = torch.ones(s, s, dtype=torch.bool).tril()
-    att = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
-    out = torch.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, s, nq * hn)
-    return out @ w[p + "self_attention.linear_proj.weight"].T
+    def normal(keys, std, what):  # mean 0 and this std, pooled over the tensors (4 standard errors)
+        x = torch.cat([params[k].flatten() for k in keys])
+        n, mean, sd = x.numel(), x.mean().item(), x.std().item()
+        if not keys or abs(mean) > 4 * std / math.sqrt(n) or abs(sd / std - 1) > 4 / math.sqrt(2 * n):
+            bad.append(f"{what}: {len(keys)} tensors, {n} values, mean {mean:.2e}, std {sd:.3e}, documented {std:.3e}")
 
-
-def attention(w, p, xn, cfg):
-    return attend(w, p, *qkv(w, p, xn, cfg))
-
-
-def mlp(w, p, xn):  # SwiGLU
-    g, u = (xn @ w[p + "mlp.linear_fc1.weight"].T).chunk(2, -1)
-    return (F.silu(g) * u) @ w[p + "mlp.linear_fc2.weight"].T
-
-
-def block(w, p, x, cfg):
-    """The pre-norm Transformer block."""
-    x = x + attention(w, p, rms(x, w[p + "input_layernorm.weight"]), cfg)
-    return x + mlp(w, p, rms(x, w[p + "pre_mlp_layernorm.weight"]))
-
-
-def value_residual_decoder(w, cfg, x):
-    """Transformer, SATFormer, ResFormer."""
-    L, arch = cfg["num_layers"], cfg["arch"]
-    gate = {"relu": F.relu, "sigmoid": torch.sigmoid, "softmax": lambda z: torch.softmax(z, -1) * z.shape[-1]}[
-        cfg.get("value_residual_gate", "relu")]
-    last_k = cfg.get("value_residual_last_k")
-    mixing = list(range(2, L + 1)) if last_k is None else list(range(L - last_k + 1, L + 1))
-    v1 = None
-    for n in range(1, L + 1):
-        p = f"decoder.layers.{n - 1}."
-        xn = rms(x, w[p + "input_layernorm.weight"])
-        q, k, v = qkv(w, p, xn, cfg)
-        if n == 1:
-            v1 = v
-        elif n in mixing and arch == "satformer":
-            alpha = gate(xn @ w[p + "self_attention.value_residual_gate.weight"].T)  # [b, s, ng]
-            v = v + alpha[..., None] * v1
-        elif n in mixing and arch == "resformer":
-            if cfg.get("resformer_lambdas") == "fixed":
-                v = 0.5 * v1 + 0.5 * v
-            else:
-                lam1 = w["value_residual_lambdas.scale"] * torch.softmax(w["value_residual_lambdas.logits"], 0)
-                v = lam1[mixing.index(n)] * v1 + w[p + "self_attention.value_residual_lambda2"] * v
-        x = x + attend(w, p, q, k, v)
-        x = x + mlp(w, p, rms(x, w[p + "pre_mlp_layernorm.weight"]))
-    return x
-
-
-def denseformer_decoder(w, cfg, x):
-    """X_i = Block_i(Y_{i-1}), Y_i = sum_{j<=i} w_i[j] X_j (depth-weighted average), Y_0 = X_0."""
-    xs, y = [x], x
-    for i in range(1, cfg["num_layers"] + 1):
-        p = f"decoder.layers.{i - 1}."
-        xs.append(block(w, p, y, cfg))
-        y = sum(wj * xj for wj, xj in zip(w[p + "dwa_weights"], xs, strict=True))
-    return y
-
-
-def muddformer_decoder(w, cfg, x):
-    """Four dynamic dense ways (Q, K, V, R) into each layer; a single one out of the last."""
-    L, (b, s) = cfg["num_layers"], x.shape[:2]
-    xs, (xq, xk, xv, xr) = [x], [x] * 4
-    for i in range(1, L + 1):
-        p = f"decoder.layers.{i - 1}."
-        q, _, _ = qkv(w, p, rms(xq, w[p + "input_layernorm.weight"]), cfg)
-        _, k, _ = qkv(w, p, rms(xk, w[p + "key_input_layernorm.weight"]), cfg)
-        _, _, v = qkv(w, p, rms(xv, w[p + "value_input_layernorm.weight"]), cfg)
-        a = xr + attend(w, p, q, k, v)
-        xi = a + mlp(w, p, rms(a, w[p + "pre_mlp_layernorm.weight"]))
-        xs.append(xi)
-        d, C, k = p + "depth_aggregate.", (4 if i < L else 1), i + 1
-        xi_n = xi * torch.rsqrt(xi.pow(2).mean(-1, keepdim=True) + 1e-6)  # RMSNorm without scale
-        dw = (F.gelu(xi_n @ w[d + "w1"].T) @ w[d + "w2"].T).view(b, s, C, k) + w[d + "static_weight"]
-        normed = [rms(xj, w[d + f"pre_norms.{j}.weight"]) for j, xj in enumerate(xs)]
-        ways = [rms(sum(dw[..., c, j:j + 1] * normed[j] for j in range(k)), w[d + f"post_norms.{c}.weight"]) + xi
-                for c in range(C)]
-        if i < L:
-            xq, xk, xv, xr = ways
-    return ways[0]
-
-
-def hyper_connection(w, p, H, f, dynamic):
-    """H [b, s, n, h] -> beta y + the n remixed streams, y = f(the mixed sublayer input)."""
-    alpha, beta = w[p + "static_alpha"], w[p + "static_beta"]  # [n, n+1], [n]
-    if dynamic:
-        Hn = rms(H, w[p + "norm.weight"])
-        alpha = alpha + w[p + "dynamic_alpha_scale"] * torch.tanh(Hn @ w[p + "dynamic_alpha"])  # [b, s, n, n+1]
-        beta = beta + w[p + "dynamic_beta_scale"] * torch.tanh(Hn @ w[p + "dynamic_beta"])  # [b, s, n]
-    alpha = alpha.expand(*H.shape[:2], *alpha.shape[-2:])
-    beta = beta.expand(*H.shape[:3])
-    mix = torch.einsum("bsnk,bsnh->bskh", alpha, H)  # [b, s, n+1, h]
-    y = f(mix[:, :, 0])  # [b, s, h]
-    return beta[..., None] * y[:, :, None, :] + mix[:, :, 1:]
-
-
-def hyperconnections_decoder(w, cfg, x):
-    n, dynamic = cfg.get("hc_expansion_rate", 4), cfg.get("hc_dynamic", True)
-    H = x[:, :, None, :].repeat(1, 1, n, 1)  # n copies of the embedding
-    for i in range(1, cfg["num_layers"] + 1):
-        p = f"decoder.layers.{i - 1}."
-        H = hyper_connection(w, p + "attention_hc.", H,
-                             lambda z: attention(w, p, rms(z, w[p + "input_layernorm.weight"]), cfg), dynamic)
-        H = hyper_connection(w, p + "mlp_hc.", H,
-                             lambda z: mlp(w, p, rms(z, w[p + "pre_mlp_layernorm.weight"])), dynamic)
-    return H.sum(2)
-
-
-DECODERS = {"denseformer": denseformer_decoder, "muddformer": muddformer_decoder,
-            "hyperconnections": hyperconnections_decoder}
-
-
-def reference_logits(w, cfg, tokens):
-    """The model written from the formulas; w maps Megatron parameter names to tensors."""
-    x = w["embedding.word_embeddings.weight"][tokens]  # [b, s, h]
-    x = DECODERS.get(cfg["arch"], value_residual_decoder)(w, cfg, x)
-    x = rms(x, w["decoder.final_layernorm.weight"])
-    return x @ w["embedding.word_embeddings.weight"].T  # tied output layer
+    n_hc = cfg.get("hc_expansion_rate", 4)
+    for key, t in transformer.items():  # the weights every arch shares with the Transformer
+        # MUDDFormer's FFN widths differ from layer 1 on, so Megatron's init stream diverges after layer 1's attention
+        if key not in params or arch == "muddformer" and ("mlp." in key or not key.startswith(("embedding.", "decoder.layers.0."))):
+            continue
+        scaled = arch == "hyperconnections" and key.endswith(("linear_proj.weight", "linear_fc2.weight"))
+        if not torch.equal(params[key], t / math.sqrt(n_hc) if scaled else t):
+            bad.append(f"{key} differs from the Transformer's init" + (" / sqrt(n)" if scaled else ""))
+    layer = lambda i: f"decoder.layers.{i - 1}."  # noqa: E731  (1-based layer number)
+    if arch == "satformer":
+        k = cfg.get("value_residual_last_k") or L - 1
+        gates = [f"{layer(i)}self_attention.value_residual_gate.weight" for i in range(L - k + 1, L + 1)]
+        if sorted(x for x in params if "value_residual_gate" in x) != sorted(gates):
+            bad.append(f"gate weights {sorted(x for x in params if 'value_residual' in x)}, documented {gates}")
+        normal([x for x in gates if x in params], 0.02, "W_alpha ~ N(0, 0.02)")
+    if arch == "resformer" and cfg.get("resformer_lambdas", "learned") == "learned":
+        expect("value_residual_lambdas.logits", 0.0, "logits 0")
+        expect("value_residual_lambdas.scale", float(L - 1), "s = number of mixing layers")
+        for i in range(2, L + 1):
+            expect(f"{layer(i)}self_attention.value_residual_lambda2", 0.5, "lambda2 = 0.5")
+    if arch == "denseformer":
+        for i in range(1, L + 1):
+            expect(f"{layer(i)}dwa_weights", torch.eye(i + 1)[i], f"one-hot on X_{i} (identity)")
+    if arch == "muddformer":
+        for i in range(1, L + 1):
+            d, ways = f"{layer(i)}depth_aggregate.", 4 if i < L else 1
+            expect(d + "w2", 0.0, "W2 = 0")
+            expect(d + "static_weight", 0.0, "static weights 0")
+            for c in range(ways):
+                expect(d + f"post_norms.{c}.weight", 1e-3, "post-norm weights 1e-3")
+            for j in range(i + 1):
+                expect(d + f"pre_norms.{j}.weight", 1.0, "pre-norm weights 1")
+            for norm in ("key_input_layernorm", "value_input_layernorm"):
+                expect(f"{layer(i)}{norm}.weight", 1.0, "input norms 1")
+        normal([f"{layer(i)}depth_aggregate.w1" for i in range(1, L + 1)], 1.0 / h, "W1 ~ N(0, 1/h)")
+    if arch == "hyperconnections":
+        for i in range(1, L + 1):
+            for sub, hc in enumerate(("attention_hc", "mlp_hc")):
+                k, p = 2 * (i - 1) + sub, f"{layer(i)}{hc}."
+                alpha = torch.cat([torch.eye(n_hc)[:, k % n_hc: k % n_hc + 1], torch.eye(n_hc)], 1)
+                expect(p + "static_alpha", alpha, f"[e_{k % n_hc} | I] for sublayer {k}")
+                expect(p + "static_beta", 1.0, "static beta 1")
+                if cfg.get("hc_dynamic", True):
+                    expect(p + "dynamic_alpha", 0.0, "dynamic projections 0")
+                    expect(p + "dynamic_beta", 0.0, "dynamic projections 0")
+                    expect(p + "dynamic_alpha_scale", 0.01, "scale 0.01")
+                    expect(p + "dynamic_beta_scale", 0.01, "scale 0.01")
+                    expect(p + "norm.weight", 1.0, "norm weight 1")
+                elif any(x.startswith(p + "dynamic") for x in params):
+                    bad.append(f"{p}: dynamic weights in a static model")
+    return bad
 
 
 def _worker():
+    from megatron.core import tensor_parallel
+
     from megatron_sat.model.config import make_config
     from megatron_sat.model.gpt import build_model
     from megatron_sat.model.sizes import count_parameters
 
     init_megatron()
-    results = {}
+    results, transformer_init = {}, None
     for name, variant in VARIANTS.items():
         cfg = dict(SIZES, **variant)
         config = make_config(**cfg, params_dtype=torch.float64)
+        torch.manual_seed(SEED)  # the same init stream for every arch: shared weights must agree
+        tensor_parallel.model_parallel_cuda_manual_seed(SEED, force_reset_rng=True)
         model = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)[0].double().eval()
-        g = torch.Generator().manual_seed(7)
+        init = {k: v.detach().clone() for k, v in model.named_parameters()}
+        transformer_init = transformer_init or init  # "transformer" comes first
+        results[name + "/init"] = _init_differences(name, cfg, init, transformer_init)
+        g = torch.Generator().manual_seed(SEED)
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
         pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
-        with torch.no_grad():
-            got = model(tokens, pos, None)  # [b, s, V]
-            weights = {k: v.detach() for k, v in model.named_parameters()}
-            want = reference_logits(weights, cfg, tokens)
-        results[name] = ((got - want).abs().max() / want.abs().max()).item()
+        got, want, grad_errors, missing = _gradient_errors(model, tokens, pos, cfg, g)
+        results[name] = _rel(got, want)
+        results[name + "/grads"] = dict(errors=grad_errors, missing=missing)
         # the causal mask: changing the last token changes no earlier logit
         tokens2 = tokens.clone()
         tokens2[:, -1] = (tokens2[:, -1] + 1) % VOCAB
@@ -235,8 +195,23 @@ def errors():
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_logits_match_formulas(errors, variant):
-    assert errors[variant] <= 1e-10, f"{variant}: relative max logit error {errors[variant]:.2e}"
+    assert errors[variant] <= LOGIT_RTOL, f"{variant}: relative max logit error {errors[variant]:.2e}"
     assert errors[variant + "/causal"] == 0.0, f"{variant}: a later token changed an earlier logit"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gradients_match_formulas(errors, variant):
+    """Every parameter's gradient against autograd through the formulas (not against the model itself)."""
+    r = errors[variant + "/grads"]
+    assert not r["missing"], f"{variant}: no gradient (or an all-zero reference gradient) for {r['missing']}"
+    name, err = max(r["errors"].items(), key=lambda kv: kv[1])
+    assert err <= GRAD_RTOL, f"{variant}: gradient of {name} differs from the formulas' by {err:.2e} of its max"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_documented_init(errors, variant):
+    bad = errors[variant + "/init"]
+    assert not bad, f"{variant}: initial values differ from the documented ones:\n  " + "\n  ".join(bad)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
