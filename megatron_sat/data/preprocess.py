@@ -142,6 +142,7 @@ def preprocess(
 
     builder = IndexedDatasetBuilder(tmp_bin, dtype=dtype)
     num_docs = num_tokens = num_skipped = 0
+    max_token_id = -1
     pool = None
     try:
         if workers > 1:
@@ -169,6 +170,7 @@ def preprocess(
             builder.add_document(ids, [ids.size])
             num_docs += 1
             num_tokens += int(ids.size)
+            max_token_id = max(max_token_id, int(ids.max()))
             if num_docs % 256 == 0:
                 bar.set_postfix(tokens=f"{num_tokens:,}", refresh=False)
         bar.close()
@@ -203,7 +205,8 @@ def preprocess(
         dtype=numpy.dtype(dtype).name,
     )
     meta = dict(asdict(result), eod=tok.eod, inputs=files, json_key=json_key,
-                append_eod=append_eod, add_bos=add_bos)
+                append_eod=append_eod, add_bos=add_bos, max_token_id=max_token_id,
+                tokenizer_fingerprint=tok.fingerprint)  # the trainer checks both (data/checks.py)
     with open(prefix + ".meta.json", "w") as f:
         json.dump(meta, f, indent=2)
     if progress:

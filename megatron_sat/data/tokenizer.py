@@ -20,6 +20,8 @@ back to exactly the input text.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import sys
@@ -77,6 +79,13 @@ class Tokenizer:
         distinct from eod, else -1 (never a real token)."""
         pad = self.hf.pad_token_id
         return -1 if pad is None or pad == self._eod else int(pad)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the vocabulary (token -> id) and eod: equal for copies of one tokenizer wherever
+        they lie, different for another vocabulary (recorded by preprocessing, checked by the trainer)."""
+        vocab = sorted(self.hf.get_vocab().items(), key=lambda kv: kv[1])
+        return hashlib.blake2b(json.dumps([vocab, self.eod]).encode(), digest_size=8).hexdigest()
 
     @property
     def unique_identifiers(self) -> "OrderedDict[str, object]":

@@ -22,6 +22,15 @@ def _grad(p):
     return p.main_grad if hasattr(p, "main_grad") else p.grad
 
 
+def _sum_dtype(grads):
+    """Sum in float32 at least (bf16 gradients), in float64 when the gradients are float64."""
+    dtype = torch.float32
+    for g in grads:
+        if g is not None:
+            dtype = torch.promote_types(dtype, g.dtype)
+    return dtype
+
+
 def _flagged(model_chunks, flag):
     return [p for chunk in model_chunks for p in chunk.parameters() if getattr(p, flag, False) and p.requires_grad]
 
@@ -32,7 +41,8 @@ def sync_tp_partial_grads(model_chunks) -> None:
     if tp_group.size() == 1 or not params:
         return
     grads = [_grad(p) for p in params]
-    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    dtype = _sum_dtype(grads)
+    flat = torch.cat([g.reshape(-1).to(dtype) for g in grads])
     torch.distributed.all_reduce(flat, group=tp_group)
     for g, synced in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(synced.view_as(g))
@@ -49,15 +59,15 @@ def sync_pipeline_replicated_grads(model_chunks) -> None:
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     for params in groups.values():
         grads = [_grad(p) for p in params]
-        total = torch.zeros_like(params[0], dtype=torch.float32)
+        total = torch.zeros_like(params[0], dtype=_sum_dtype(grads))
         for g in grads:
             if g is not None:
-                total += g.float()
+                total += g
         if pp_group.size() > 1:
             torch.distributed.all_reduce(total, group=pp_group)
         for p, g in zip(params, grads):
             if g is None:
-                g = torch.zeros_like(p, dtype=torch.float32)
+                g = torch.zeros_like(p, dtype=total.dtype)
                 p.grad = g
             g.copy_(total)
 

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import List, Optional
 
+from megatron_sat.training.run_folder import holds_run  # no megatron
+
 # = megatron_sat.model.config.ARCHS / DENSE_ARCHS / GATES (kept import-free; tests check they agree)
 ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 BASELINE_ARCHS = ("denseformer", "muddformer", "hyperconnections")  # the paper's dense baselines: no FP8, no HF
@@ -27,12 +29,21 @@ def _recipes():
     return recipes
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown for options that take a value; a switch's default ('True' for --no-save-final) misleads."""
+
+    def _get_help_string(self, action):
+        if action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="megatron-sat-train",
         description="Pretrain a Transformer / ResFormer / SATFormer (or the DenseFormer, MUDDFormer and "
                     "Hyper-Connections baselines) on Megatron-Core.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     a = p.add_argument
     g = p.add_argument_group("recipe and model").add_argument
@@ -92,15 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
       help="build (once) the embedded corpus, a BPE tokenizer and its dataset in DIR and train on it")
     g("--vocab-size", type=int, default=None, help="mock data vocabulary / embedded BPE size")
     g("--data-cache-path", default=None)
+    g("--allow-tokenizer-mismatch", action="store_true",
+      help="train even though the data's .meta.json names a different tokenizer")
     g("--make-vocab-size-divisible-by", type=int, default=128, help="pad the model's vocabulary (x TP)")
     g = p.add_argument_group("checkpoints and stopping").add_argument
     g("--save", default=None, help="run folder: checkpoints, metrics.jsonl, config.json (default runs/RECIPE)")
     g("--load", default=None, help="resume from this folder's latest complete checkpoint")
     g("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
+    g("--ckpt-fallback", action="store_true",
+      help="if the checkpoint to load is corrupt or missing, resume from the newest complete one before it")
+    g("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
+      help="load without checking the files against the checkpoint's manifest (sizes and checksums)")
     g("--pretrained-checkpoint", default=None, metavar="DIR",
       help="when --load has nothing to resume, start from the model weights of DIR's latest checkpoint (fine-"
            "tuning, or an HF import under a new schedule): new optimizer, LR schedule, data order, iteration 0")
     g("--save-interval", type=int, default=None)
+    g("--save-retain-interval", type=int, default=None, metavar="N",
+      help="after each save, delete the previous checkpoint unless its iteration is a multiple of N "
+           "(Megatron-LM's meaning); default: keep every checkpoint")
+    g("--async-save", action="store_true",
+      help="write checkpoints in a background process (Megatron-Core's async dist-checkpoint save) while "
+           "training goes on; each is finished before the next save, at the end and on a signal")
     g("--no-save-final", dest="save_final", action="store_false", help="skip the final checkpoint")
     g("--exit-interval", type=int, default=None, help="save and exit at the first iteration that is a multiple of N")
     g("--exit-duration-in-mins", type=float, default=None, help="save and exit after this wall time")
@@ -115,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     g("--peak-tflops", type=float, default=None, help="peak TFLOP/s per device for MFU (default: device table)")
     g("--no-progress-bar", dest="progress_bar", action="store_false")
     a("--debug-inject-nan-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    a("--debug-save-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds inside each save (tests)
+    a("--debug-fail-save-at", type=int, default=None, help=argparse.SUPPRESS)  # this iteration's save fails
     return p
 
 
@@ -157,13 +182,16 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append(f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}")
     else:
         dp = world_size // (tp * pp * cp)
-        if args.micro_batch_size < 1 or args.global_batch_size % (args.micro_batch_size * dp):
+        if args.micro_batch_size < 1 or args.global_batch_size < 1:
+            errors.append(f"--micro-batch-size ({args.micro_batch_size}) and --global-batch-size "
+                          f"({args.global_batch_size}) must be >= 1")
+        elif args.global_batch_size % (args.micro_batch_size * dp):
             errors.append(f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
                           f"x data-parallel size = {args.micro_batch_size} x {dp}")
     for name in ("train_iters", "seq_length", "log_interval", "eval_iters"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("save_interval", "eval_interval", "exit_interval"):
+    for name in ("save_interval", "eval_interval", "exit_interval", "save_retain_interval"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
@@ -191,8 +219,33 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append("--ckpt-step needs --load")
     if args.pretrained_checkpoint and not os.path.isdir(args.pretrained_checkpoint):
         errors.append(f"--pretrained-checkpoint folder {args.pretrained_checkpoint} does not exist")
+    try:
+        parse_split(args.split)
+    except ValueError as e:
+        errors.append(str(e))
+    errors += save_folder_errors(args)
     if errors:
         raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+
+
+def save_folder_errors(args: argparse.Namespace) -> List[str]:
+    """--save must be a folder that is new, or the run being resumed (--load the same folder): a run folder
+    that holds checkpoints is never written over by a run that did not load it."""
+    save = args.save
+    if not save:
+        return []
+    if os.path.exists(save) and not os.path.isdir(save):
+        return [f"--save {save} is a file, not a folder: pass a folder for checkpoints, metrics and config"]
+    if args.load and same_path(args.load, save):
+        return []
+    if os.path.isdir(save) and holds_run(save):
+        hint = f"resume it with --load {save}" + (f" (not --load {args.load})" if args.load else "")
+        return [f"--save {save} already holds a run's checkpoints: {hint}, or pass a new --save folder"]
+    return []
+
+
+def same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def arch_errors(args: argparse.Namespace) -> List[str]:
@@ -214,6 +267,20 @@ def model_config_fields(args: argparse.Namespace) -> dict:
     return dict(value_residual_gate=args.value_residual_gate, value_residual_last_k=args.value_residual_last_k,
                 resformer_lambdas=args.resformer_lambdas, hc_expansion_rate=args.hc_expansion_rate,
                 hc_dynamic=args.hc_dynamic, muddformer_param_realloc=args.muddformer_param_realloc)
+
+
+def parse_split(split: str) -> list:
+    """'98,2,0' -> [98.0, 2.0, 0.0]; ValueError with what is wrong (Megatron's own error says NaN)."""
+    parts = [p.strip() for p in str(split).replace("/", ",").split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--split {split!r} must be up to three comma-separated numbers, e.g. 98,2,0") from None
+    if not 1 <= len(values) <= 3 or any(v < 0 or v != v for v in values) or sum(values) <= 0:
+        raise ValueError(f"--split {split!r} must be up to three non-negative numbers with a positive sum, "
+                         "e.g. 98,2,0")
+    return values + [0.0] * (3 - len(values))
+
 
 
 def _is_number(x: str) -> bool:

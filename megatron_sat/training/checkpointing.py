@@ -3,22 +3,27 @@
 Two levels:
   * save_model / load_model: model weights only (tests/workers/equivalence.py; load_weights is
     the trainer's --pretrained-checkpoint).
-  * save_checkpoint / load_checkpoint: the trainer's full state, so that a resumed run continues
-    exactly: model, optimizer state (optimizer.sharded_state_dict, resharded on load like the
-    model), LR scheduler, iteration, consumed samples, RNG states, and the arguments.
+  * Saver / find_resume_point + load_checkpoint: the trainer's full state, so that a resumed run
+    continues exactly: model, optimizer state (optimizer.sharded_state_dict, resharded on load like
+    the model), LR scheduler, iteration, consumed samples, RNG states, the arguments and the model's
+    resolved fields (a resume with another shape is refused before anything is built).
 
-Folder layout of a run (Megatron-LM's names):
-    SAVE/iter_0000100/                       one complete dist checkpoint
-    SAVE/latest_checkpointed_iteration.txt   the newest complete one, written last and atomically
-A checkpoint is written to iter_XXXXXXX.tmp, renamed when every rank has finished, and only then
-named in the pointer file, so a run killed mid-save never leaves a half-written checkpoint that
-a later run would load.
+A save (every rank calls it), synchronous or asynchronous (--async-save, Megatron-Core's async
+dist-checkpoint save: the files are written by a forked process while training goes on):
+    1. the files go to RUN/iter_XXXXXXX.tmp;
+    2. once every rank has written them: manifest.json (sizes, checksums: integrity.py), the rename
+       to RUN/iter_XXXXXXX, the tracker (run_folder.py), then retention of older checkpoints.
+So a run killed at any moment leaves its last complete checkpoint named by the tracker; a failed save
+(disk full) removes its .tmp folder and says so in one line (SaveFailed).
 """
 
+import errno
 import os
 import random
 import shutil
-from typing import Optional
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -26,10 +31,20 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from megatron_sat import compat
+from megatron_sat.training import integrity, run_folder
+from megatron_sat.training.run_folder import TRACKER, CheckpointError, checkpoint_dir  # noqa: F401 (re-exported)
+from megatron_sat.training.signals import install_write_results_queue, shielded_async_request
 
-TRACKER = "latest_checkpointed_iteration.txt"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: records the model's resolved fields ("model_fields") and writes manifest.json
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}  # reshardable across layouts
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint could not be written (its .tmp folder is removed; the previous one is intact)."""
+
+
+def _rank0() -> bool:
+    return torch.distributed.get_rank() == 0
 
 
 def model_sharded_state_dict(chunks) -> dict:
@@ -56,6 +71,7 @@ def _load_model_state(chunks, loaded: dict) -> None:
 
 def save_model(chunks, directory: str) -> None:
     os.makedirs(directory, exist_ok=True)
+    install_write_results_queue()
     dist_checkpointing.save(model_sharded_state_dict(chunks), directory)
 
 
@@ -66,39 +82,8 @@ def load_model(chunks, directory: str) -> None:
     torch.distributed.barrier()
 
 
-# ---------------------------------------------------------------------------------------------
-# full trainer checkpoints
-# ---------------------------------------------------------------------------------------------
-
-def checkpoint_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
-
-
 def read_tracker(root: str) -> Optional[int]:
-    """The iteration named by root's pointer file, or None when there is no complete checkpoint."""
-    path = os.path.join(root, TRACKER)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return int(f.read().strip())
-
-
-def checkpoint_to_load(root: str, ckpt_step: Optional[int] = None) -> Optional[str]:
-    """The folder of ckpt_step's checkpoint, or of root's latest complete one (None when there is none)."""
-    iteration = ckpt_step if ckpt_step is not None else read_tracker(root)
-    return None if iteration is None else checkpoint_dir(root, iteration)
-
-
-def load_weights(root: str, chunks) -> str:
-    """Load only the model weights of root's latest checkpoint; returns its folder.
-
-    The caller refreshes the optimizer's main parameters (optimizer.reload_model_params()).
-    """
-    directory = checkpoint_to_load(root)
-    if directory is None:
-        raise FileNotFoundError(f"{root} holds no complete checkpoint ({TRACKER} is missing)")
-    load_model(chunks, directory)
-    return directory
+    return run_folder.read_tracker(root)
 
 
 def layout_key() -> dict:
@@ -146,33 +131,199 @@ def _state_dict(chunks, optimizer, loading: bool, common: dict, with_rng: bool) 
     return sd
 
 
+# ---------------------------------------------------------------------------------------------
+# saving
+# ---------------------------------------------------------------------------------------------
+
+def _reason(err: BaseException) -> str:
+    """One line for a failed save; the disk-full case named as such, wherever it hides in the chain."""
+    seen, e = [], err
+    while e is not None and len(seen) < 10:
+        seen.append(e)
+        if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
+            return "the disk is full (No space left on device): free space or point --save elsewhere"
+        e = e.__cause__ or e.__context__
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+class Saver:
+    """Writes the trainer's checkpoints into one run folder (every rank holds one and calls it together).
+
+    save(iteration) after the step; poll() every step (finishes asynchronous saves that are done);
+    finalize() before exiting. Retention (--save-retain-interval) runs after the tracker names a new
+    checkpoint. `debug_delay_s` / `debug_fail_at` stretch or break a save for the fault tests."""
+
+    def __init__(self, root: str, chunks, optimizer, scheduler, *, async_save: bool = False,
+                 retain_interval: Optional[int] = None, log: Callable[[str], None] = print,
+                 debug_delay_s: float = 0.0, debug_fail_at: Optional[int] = None):
+        self.root, self.chunks, self.optimizer, self.scheduler = root, chunks, optimizer, scheduler
+        self.retain_interval, self.log = retain_interval, log
+        self.debug_delay_s, self.debug_fail_at = debug_delay_s, debug_fail_at
+        self.previous = run_folder.latest_iteration(root) if _rank0() and os.path.isdir(root) else None
+        self.queue = None
+        self.pending: Optional[int] = None
+        if async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self.queue = AsyncCallsQueue()
+        install_write_results_queue()
+
+    def save(self, iteration: int, *, consumed_samples: int, args: Optional[dict] = None,
+             model: Optional[dict] = None) -> str:
+        self.finalize()  # the previous asynchronous save completes first
+        final = checkpoint_dir(self.root, iteration)
+        tmp = final + ".tmp"
+        if _rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        torch.distributed.barrier()
+        common = dict(iteration=iteration, consumed_train_samples=consumed_samples, layout=layout_key(),
+                      opt_param_scheduler=self.scheduler.state_dict(), args=args or {}, model_fields=model or {},
+                      checkpoint_version=CHECKPOINT_VERSION)
+        t0 = time.time()
+        try:
+            state = _state_dict(self.chunks, self.optimizer, False, common, with_rng=True)
+            if self.queue is None:
+                dist_checkpointing.save(state, tmp)
+                self._commit(iteration, t0)
+            else:
+                # Megatron-Core's own async writer ("mcore"): it runs on CPU and GPU alike; "nvrx" (the
+                # default, nvidia-resiliency-ext) is CUDA-only and cannot be checked here
+                request = dist_checkpointing.save(state, tmp, async_sharded_save=True, async_strategy="mcore")
+                request.add_finalize_fn(lambda: self._commit(iteration, t0))
+                self.queue.schedule_async_request(shielded_async_request(request))
+                self.pending = iteration
+                self.log(f"saving checkpoint {final} in the background")
+        except SaveFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 (any failure of the writer: report it in one line)
+            self._abandon(tmp, e)
+        return final
+
+    def _commit(self, iteration: int, t0: float) -> None:
+        """Collective: every rank's files are written. Manifest, rename, tracker, retention."""
+        final = checkpoint_dir(self.root, iteration)
+        tmp = final + ".tmp"
+        try:
+            if self.debug_fail_at == iteration:
+                raise OSError(errno.EIO, f"debug: save of iteration {iteration} made to fail")
+            if self.debug_delay_s:
+                self.log(f"debug: holding the save of iteration {iteration} for {self.debug_delay_s} s")
+                time.sleep(self.debug_delay_s)
+            torch.distributed.barrier()
+            integrity.write_manifest(tmp)
+        except Exception as e:  # noqa: BLE001
+            self._abandon(tmp, e)
+        if _rank0():
+            if os.path.exists(final):  # a checkpoint of the same iteration (a rerun): replace it whole
+                run_folder.delete_checkpoint(self.root, iteration)
+            os.replace(tmp, final)
+            run_folder.write_tracker(self.root, iteration)
+            self.log(f"saved checkpoint {final} ({time.time() - t0:.1f} s)")
+            dropped = run_folder.retain(self.root, self.previous, iteration, self.retain_interval)
+            if dropped is not None:
+                self.log(f"deleted checkpoint {checkpoint_dir(self.root, dropped)} (--save-retain-interval "
+                         f"{self.retain_interval})")
+        self.previous = iteration
+        self.pending = None
+        torch.distributed.barrier()
+
+    def _abandon(self, tmp: str, err: BaseException) -> None:
+        self.pending = None
+        torch.distributed.barrier()
+        if _rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+        last = run_folder.latest_iteration(self.root) if os.path.isdir(self.root) else None
+        kept = f"{checkpoint_dir(self.root, last)} is intact" if last is not None else "no earlier checkpoint"
+        raise SaveFailed(f"could not write checkpoint {tmp[:-4]}: {_reason(err)} ({kept})") from err
+
+    def poll(self) -> None:
+        """Finish an asynchronous save whose files are written (collective; cheap when none is pending)."""
+        if self.queue is not None and self.pending is not None:
+            self._finalize(blocking=False)
+
+    def finalize(self) -> None:
+        """Wait for a pending asynchronous save and commit it (collective)."""
+        if self.queue is not None and self.pending is not None:
+            self._finalize(blocking=True)
+
+    def _finalize(self, blocking: bool) -> None:
+        pending = self.pending
+        try:
+            self.queue.maybe_finalize_async_calls(blocking=blocking)
+        except SaveFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 (the writer process failed on some rank)
+            self._abandon(checkpoint_dir(self.root, pending) + ".tmp", e)
+
+
 def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, *, consumed_samples: int,
-                    args: Optional[dict] = None) -> str:
-    """Write root/iter_XXXXXXX (every rank calls this) and point the tracker at it; returns the folder."""
-    rank0 = torch.distributed.get_rank() == 0
-    final = checkpoint_dir(root, iteration)
-    tmp = final + ".tmp"
-    if rank0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    torch.distributed.barrier()
-    common = dict(iteration=iteration, consumed_train_samples=consumed_samples, layout=layout_key(),
-                  opt_param_scheduler=scheduler.state_dict(), args=args or {},
-                  checkpoint_version=CHECKPOINT_VERSION)
-    dist_checkpointing.save(_state_dict(chunks, optimizer, False, common, with_rng=True), tmp)
-    torch.distributed.barrier()
-    if rank0:
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer = os.path.join(root, TRACKER)
-        with open(pointer + ".tmp", "w") as f:
-            f.write(str(iteration))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(pointer + ".tmp", pointer)
-    torch.distributed.barrier()
-    return final
+                    args: Optional[dict] = None, model: Optional[dict] = None) -> str:
+    """Write root/iter_XXXXXXX synchronously (every rank calls this) and point the tracker at it."""
+    saver = Saver(root, chunks, optimizer, scheduler, log=lambda text: None)
+    return saver.save(iteration, consumed_samples=consumed_samples, args=args, model=model)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class ResumePoint:
+    directory: str
+    iteration: int
+    common: dict           # the checkpoint's common state: iteration, consumed samples, layout, args, model
+    verified: bool         # its manifest was checked (False: no manifest, or --no-verify-checkpoint)
+
+    def model_fields(self) -> dict:
+        """The model's resolved fields as saved (older checkpoints: the arguments that name them)."""
+        if self.common.get("model_fields"):
+            return dict(self.common["model_fields"])
+        return {k: v for k, v in (self.common.get("args") or {}).items()
+                if k in run_folder.RESUME_FIELDS and v is not None}
+
+
+def _read_common(directory: str) -> dict:
+    try:
+        return dist_checkpointing.load_common_state_dict(directory)
+    except Exception as e:  # noqa: BLE001 (torch's unpickling errors say nothing about the checkpoint)
+        raise integrity.CorruptCheckpoint(f"cannot read {directory}: {_reason(e)}") from None
+
+
+def find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: bool = True, fallback: bool = False,
+                      log: Callable[[str], None] = print) -> Optional[ResumePoint]:
+    """Which checkpoint of root to resume, checked; None when root holds none (collective: every rank).
+
+    CheckpointError (one line, what to do) for a tracker that names nothing, a corrupt checkpoint
+    without --ckpt-fallback, or nothing left to fall back to."""
+    try:
+        iteration, warning = run_folder.resolve(root, ckpt_step)
+    except CheckpointError:
+        if not fallback or ckpt_step is not None:
+            raise
+        its = run_folder.complete_iterations(root)
+        if not its:
+            raise
+        iteration, warning = its[-1], f"{root}'s tracker is unusable: falling back to {checkpoint_dir(root, its[-1])}"
+    if iteration is None:
+        return None
+    if warning:
+        log(f"warning: {warning}")
+    while True:
+        directory = checkpoint_dir(root, iteration)
+        try:
+            verified = integrity.verify(directory) if verify else False
+            return ResumePoint(directory, iteration, _read_common(directory), verified)
+        except integrity.CorruptCheckpoint as e:
+            older = run_folder.previous_complete(root, iteration) if fallback else None
+            if older is None:
+                advice = ("no earlier complete checkpoint to fall back to" if fallback else
+                          "pass --ckpt-fallback to resume from the previous complete checkpoint")
+                raise CheckpointError(f"checkpoint {directory} is corrupt: {e}; {advice} "
+                                      "(or --no-verify-checkpoint to load it anyway)") from None
+            log(f"warning: checkpoint {directory} is corrupt ({e}); falling back to {checkpoint_dir(root, older)}")
+            iteration = older
 
 
 def _check_optimizer_loadable(optimizer) -> None:
@@ -187,27 +338,39 @@ def _check_optimizer_loadable(optimizer) -> None:
                            "(megatron-core 0.19.2 cannot resume it with torch's AdamW)")
 
 
-def load_checkpoint(root: str, chunks, optimizer, scheduler, ckpt_step: Optional[int] = None) -> Optional[dict]:
-    """Restore everything from root's latest (or ckpt_step's) checkpoint.
+def restore(point: ResumePoint, chunks, optimizer, scheduler) -> dict:
+    """Load everything from a resume point; returns its common state plus 'rng_restored' and 'directory'.
 
-    Returns the checkpoint's common state (iteration, consumed_train_samples, layout, args, ...)
-    and 'rng_restored'; None when root holds no complete checkpoint and no ckpt_step was asked for.
-    RNG states are restored only when TP and PP match the saved layout (they are per rank).
-    """
-    directory = checkpoint_to_load(root, ckpt_step)
-    if directory is None:
-        return None
-    if not dist_checkpointing.check_is_distributed_checkpoint(directory):
-        raise FileNotFoundError(f"{directory} is not a complete Megatron distributed checkpoint")
-    common = dist_checkpointing.load_common_state_dict(directory)
-    saved, now = common["layout"], layout_key()
+    RNG states are restored only when TP and PP match the saved layout (they are per rank)."""
+    saved, now = point.common["layout"], layout_key()
     same_ranks = saved["tp"] == now["tp"] and saved["pp"] == now["pp"]
     _check_optimizer_loadable(optimizer)
-    loaded = dist_checkpointing.load(_state_dict(chunks, optimizer, True, {}, with_rng=same_ranks), directory)
+    try:
+        loaded = dist_checkpointing.load(_state_dict(chunks, optimizer, True, {}, with_rng=same_ranks),
+                                         point.directory)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"cannot load {point.directory}: {_reason(e)}") from None
     _load_model_state(chunks, loaded)
     optimizer.load_state_dict(loaded["optimizer"])
-    scheduler.load_state_dict(common["opt_param_scheduler"])
+    scheduler.load_state_dict(point.common["opt_param_scheduler"])
     if same_ranks:
         _set_rng_state(loaded["rng_state"])
     torch.distributed.barrier()
-    return dict(common, rng_restored=same_ranks, directory=directory)
+    return dict(point.common, rng_restored=same_ranks, directory=point.directory)
+
+
+def load_checkpoint(root: str, chunks, optimizer, scheduler, ckpt_step: Optional[int] = None) -> Optional[dict]:
+    """Restore everything from root's latest (or ckpt_step's) checkpoint; None when root holds none."""
+    point = find_resume_point(root, ckpt_step, log=lambda text: None)
+    return None if point is None else restore(point, chunks, optimizer, scheduler)
+
+
+def load_weights(point: ResumePoint, chunks) -> str:
+    """Load only the model weights of a checkpoint; returns its folder.
+
+    The caller refreshes the optimizer's main parameters (optimizer.reload_model_params())."""
+    try:
+        load_model(chunks, point.directory)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"cannot load the weights of {point.directory}: {_reason(e)}") from None
+    return point.directory

@@ -15,7 +15,9 @@ import time
 import torch
 from megatron.core import parallel_state
 
-from megatron_sat.data import NullTokenizer, build_data_loader, build_datasets, load_tokenizer
+from megatron_sat.data import NullTokenizer, build_data_loader, build_datasets, load_tokenizer, parse_blend
+from megatron_sat.data.checks import DataError, check_dataset, epochs_needed
+from megatron_sat.training.arguments import parse_split
 
 READY = "READY"
 
@@ -50,13 +52,40 @@ def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
 
 
 def tokenizer_and_data(args, log=print):
-    """(tokenizer, data spec) for the chosen data source."""
+    """(tokenizer, data spec) for the chosen data source, checked (DataError: the trainer exits 2)."""
     if args.mock_data:
         return NullTokenizer(args.vocab_size), None
     if args.embedded_data:
         prefix, tok_dir = prepare_embedded(args.embedded_data, args.vocab_size or 4096, log)
-        return load_tokenizer(tok_dir), prefix
-    return load_tokenizer(args.tokenizer_model), " ".join(args.data_path)
+        tokenizer, data = load_tokenizer(tok_dir), prefix
+    else:
+        try:
+            tokenizer = load_tokenizer(args.tokenizer_model)
+        except (OSError, ValueError) as e:
+            raise DataError(f"--tokenizer-model: {e}") from None
+        data = " ".join(args.data_path)
+    _check_on_rank0(args, tokenizer, data, log)
+    return tokenizer, data
+
+
+def _check_on_rank0(args, tokenizer, data: str, log) -> None:
+    """data/checks.py on global rank 0 (it may scan the .bin files), the verdict broadcast to every rank."""
+    verdict = [None]
+    if torch.distributed.get_rank() == 0:
+        try:
+            tokens = 0
+            for prefix in parse_blend(data)[0]:
+                tokens += check_dataset(prefix, tokenizer, args.allow_tokenizer_mismatch)["tokens"]
+            epochs = epochs_needed(tokens, parse_split(args.split), args.train_iters * args.global_batch_size, args.seq_length)
+            if epochs > 10:
+                log(f"warning: {args.train_iters} steps of {args.global_batch_size} x {args.seq_length + 1} tokens "
+                    f"need {epochs:.0f} passes over the training split of {data} ({tokens:,} tokens in all): "
+                    "the model will see the same text many times")
+        except (DataError, ValueError) as e:
+            verdict[0] = str(e)
+    torch.distributed.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        raise DataError(verdict[0])
 
 
 def build_iterators(args, tokenizer, data, consumed_samples: int):

@@ -12,6 +12,7 @@ import math
 import os
 import socket
 import sys
+import time
 from typing import Optional
 
 
@@ -43,6 +44,11 @@ class Monitor:
         if resumed and os.path.exists(self.metrics_path):
             with open(self.metrics_path) as f:
                 kept = [line for line in f if line.strip() and json.loads(line)["step"] <= start_iteration]
+        elif os.path.getsize(self.metrics_path) if os.path.exists(self.metrics_path) else 0:
+            # a run that died before its first checkpoint: starting over, but its log is kept aside
+            aside = os.path.join(args.save, time.strftime("metrics.before-%Y%m%d-%H%M%S.jsonl"))
+            os.replace(self.metrics_path, aside)
+            print(f"metrics of an earlier attempt (no checkpoint) moved to {aside}", flush=True)
         with open(self.metrics_path, "w") as f:
             f.writelines(kept)
         tmp = os.path.join(args.save, "config.json.tmp")

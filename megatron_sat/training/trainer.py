@@ -7,17 +7,23 @@ Per step (every rank):
     -> stop with an error on a NaN/Inf loss (before the optimizer touches the weights)
     -> optimizer step (clipping inside), LR scheduler step
     -> log / evaluate / save; save and exit 0 on SIGTERM/SIGUSR1, --exit-duration-in-mins, --exit-interval.
+
+Before step 1 every input is checked, so that a mistake costs a second, never a run: the layout, the
+data (data/checks.py), and what --load holds: the checkpoint to resume (run_folder.py: never a silent
+restart from scratch), its files (manifest), and its model against the one asked for.
+Exit codes: 0 done or stopped cleanly, 2 bad input (one line that says what to do), 3 NaN/Inf loss,
+4 a checkpoint could not be written (the previous one is intact).
 """
 
 import contextlib
 import math
 import os
-import signal
 import time
 
 import torch
 
 from megatron_sat import compat
+from megatron_sat.training.signals import StopSignal
 
 
 # resolved model fields recorded in config.json (next to the arguments)
@@ -30,19 +36,6 @@ MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num
 
 class NonFiniteLoss(RuntimeError):
     pass
-
-
-class StopSignal:
-    """SIGTERM / SIGUSR1 (Slurm's warnings before preemption or the time limit) set a flag; the loop
-    all-reduces it at the next step so that every rank saves the same step and exits."""
-
-    def __init__(self):
-        self.received = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        self.received = signal.Signals(signum).name
 
 
 def init_distributed() -> None:
@@ -64,17 +57,17 @@ def init_distributed() -> None:
     torch.distributed.init_process_group(backend=compat.dist_backend())
 
 
-def _describe_checkpoint(save, iteration):
-    from megatron_sat.training.checkpointing import checkpoint_dir, read_tracker
+def _describe_checkpoint(save):
+    from megatron_sat.training.run_folder import checkpoint_dir, latest_iteration
 
-    last = read_tracker(save) if save else None
+    last = latest_iteration(save) if save and os.path.isdir(save) else None
     return f"{checkpoint_dir(save, last)} (iteration {last})" if last is not None else "none"
 
 
-def train(args) -> int:
+def train(args, stop: StopSignal = None) -> int:
     """Run the whole training job; returns the process exit code."""
+    stop = stop or StopSignal()
     compat.ensure_cpu_compat()
-    stop = StopSignal()
     t_start = time.time()
     init_distributed()
     from megatron.core import parallel_state
@@ -90,7 +83,9 @@ def train(args) -> int:
     from megatron_sat.profiling.flops import flops_per_token, peak_flops_per_device
     from megatron_sat.training import checkpointing as ckpt
     from megatron_sat.training.arguments import model_config_fields
+    from megatron_sat.data.checks import DataError
     from megatron_sat.training.data import build_iterators, tokenizer_and_data
+    from megatron_sat.training.run_folder import clean_stale
     from megatron_sat.training.monitor import Monitor
     from megatron_sat.training.step import (build_optimizer, gpt_forward_step, loss_sum_and_count,
                                             run_forward_backward, wrap_ddp)
@@ -108,9 +103,7 @@ def train(args) -> int:
         "te" if te_available() else "local")
     problem = ("--transformer-impl transformer_engine needs Transformer Engine on a GPU"
                if backend == "te" and not te_available() else
-               "--fp8-format needs Transformer Engine on a GPU" if args.fp8_format and backend != "te" else
-               f"--pretrained-checkpoint: {args.pretrained_checkpoint} holds no complete checkpoint"
-               if args.pretrained_checkpoint and ckpt.read_tracker(args.pretrained_checkpoint) is None else None)
+               "--fp8-format needs Transformer Engine on a GPU" if args.fp8_format and backend != "te" else None)
     if problem:
         log(f"megatron-sat-train: error: {problem}")
         return 2
@@ -133,7 +126,21 @@ def train(args) -> int:
     except ValueError as err:  # every rank sees the same error: report it once, build nothing
         log(f"megatron-sat-train: error: {err}")
         return 2
-    tokenizer, data = tokenizer_and_data(args, log)
+    model_fields = {k: getattr(config, k) for k in MODEL_FIELDS}
+    try:  # what --load (or --pretrained-checkpoint) holds, checked before anything is built
+        resume, pretrained = _checkpoints_to_load(args, model_fields, log)
+        tokenizer, data = tokenizer_and_data(args, log)
+    except (ckpt.CheckpointError, DataError) as err:
+        log(f"megatron-sat-train: error: {err}")
+        return 2
+    if resume is not None and resume.iteration >= args.train_iters:
+        log(f"nothing to do: {resume.directory} is at iteration {resume.iteration} of --train-iters "
+            f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
+        return 0
+    if rank == 0 and os.path.isdir(args.save):
+        stale = clean_stale(args.save)
+        if stale:
+            log(f"removed what interrupted saves left in {args.save}: {', '.join(stale)}")
     multiple = args.make_vocab_size_divisible_by * layout.tp  # as Megatron-LM: embedding rows split over TP
     vocab_size = -(-tokenizer.vocab_size // multiple) * multiple
     initialize(layout, seed=args.seed)
@@ -156,19 +163,23 @@ def train(args) -> int:
         wd_incr_steps=args.train_iters, wd_incr_style="constant")
     iteration, consumed = 0, 0
     loaded = None
-    if args.load:
-        loaded = ckpt.load_checkpoint(args.load, chunks, optimizer, scheduler, args.ckpt_step)
-        if loaded is None:
-            log(f"no checkpoint in {args.load}: starting {'anew' if args.pretrained_checkpoint else 'from scratch'}")
-        else:
+    try:
+        if resume is not None:
+            loaded = ckpt.restore(resume, chunks, optimizer, scheduler)
             iteration, consumed = loaded["iteration"], loaded["consumed_train_samples"]
             saved = loaded["layout"]
             log(f"resumed from {loaded['directory']} (iteration {iteration}, saved at TP{saved['tp']} x "
-                f"PP{saved['pp']}{'' if loaded['rng_restored'] else '; RNG state not restored: layout changed'})")
-    if loaded is None and args.pretrained_checkpoint:  # a resumed run already holds weights that came from it
-        directory = ckpt.load_weights(args.pretrained_checkpoint, chunks)
-        optimizer.reload_model_params()  # the optimizer's main (fp32) copies were made from the initial weights
-        log(f"initialised from the weights of {directory}: new optimizer state, LR schedule and data order")
+                f"PP{saved['pp']}{'' if loaded['rng_restored'] else '; RNG state not restored: layout changed'}"
+                f"{'' if resume.verified else '; files not verified: no manifest' if args.verify_checkpoint else ''})")
+        elif args.load:
+            log(f"no checkpoint in {args.load}: starting {'anew' if pretrained else 'from scratch'}")
+        if pretrained is not None:  # a resumed run already holds weights that came from it
+            directory = ckpt.load_weights(pretrained, chunks)
+            optimizer.reload_model_params()  # the optimizer's main (fp32) copies were made from the initial weights
+            log(f"initialised from the weights of {directory}: new optimizer state, LR schedule and data order")
+    except ckpt.CheckpointError as err:
+        log(f"megatron-sat-train: error: {err}")
+        return 2
     train_iter, valid_iters = build_iterators(args, tokenizer, data, consumed)
 
     # per-token FLOPs over global params (num_params above is this rank's share)
@@ -182,7 +193,7 @@ def train(args) -> int:
                       tokenizer_vocab_size=tokenizer.vocab_size, bf16=bf16, use_distributed_optimizer=dist_opt,
                       num_parameters=int(total_params.item()), flops_per_token=flops_tok, device=str(compat.device()),
                       data=data, tokenizer=str(getattr(tokenizer, "name", tokenizer)),
-                      model={k: getattr(config, k) for k in MODEL_FIELDS})
+                      model=model_fields)
     monitor = Monitor(args, run_config, iteration, resumed=loaded is not None, is_logger=rank == 0)
     log(f"megatron-sat: {args.arch}, {run_config['num_parameters']:,} parameters, {layout.describe(world)}, "
         f"{num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "
@@ -215,10 +226,12 @@ def train(args) -> int:
             c.train()
         return (total[0] / total[1]).item()
 
+    saver = ckpt.Saver(args.save, chunks, optimizer, scheduler, async_save=args.async_save,
+                       retain_interval=args.save_retain_interval, log=log,
+                       debug_delay_s=args.debug_save_delay, debug_fail_at=args.debug_fail_save_at)
+
     def save(it):
-        path = ckpt.save_checkpoint(args.save, it, chunks, optimizer, scheduler,
-                                    consumed_samples=consumed, args={k: v for k, v in vars(args).items()})
-        log(f"saved checkpoint {path}")
+        saver.save(it, consumed_samples=consumed, args=dict(vars(args)), model=model_fields)
         return it
 
     last_saved = iteration if loaded else None
@@ -227,6 +240,7 @@ def train(args) -> int:
     t_train, step_time_total = time.time(), 0.0
     try:
         while iteration < args.train_iters:
+            saver.poll()  # commits an asynchronous save whose files are written
             t0 = time.time()
             dicts = run_forward_backward(chunks, optimizer, config, train_iter, num_microbatches=num_micro,
                                          seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
@@ -276,13 +290,19 @@ def train(args) -> int:
                 break
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 last_saved = save(iteration)
+        train_time = time.time() - t_train
+        if args.save and last_saved != iteration and (args.save_final or exit_reason):
+            last_saved = save(iteration)
+        saver.finalize()
     except NonFiniteLoss as e:
         monitor.close()
-        log(f"error: {e}; stopping without saving. Last good checkpoint: {_describe_checkpoint(args.save, iteration)}")
+        saver.finalize()  # a pending asynchronous save holds a good step
+        log(f"error: {e}; stopping without saving. Last good checkpoint: {_describe_checkpoint(args.save)}")
         return 3
-    train_time = time.time() - t_train
-    if args.save and last_saved != iteration and (args.save_final or exit_reason):
-        last_saved = save(iteration)
+    except ckpt.SaveFailed as e:
+        monitor.close()
+        log(f"megatron-sat-train: error: {e}")
+        return 4
     if exit_reason:
         monitor.close()
         log(f"stopping at iteration {iteration}/{args.train_iters} ({exit_reason}); "
@@ -298,7 +318,33 @@ def train(args) -> int:
         f"final validation loss "
         f"{'n/a' if val_loss is None else f'{val_loss:.4f}'}")
     if args.save:
-        log(f"checkpoint: {_describe_checkpoint(args.save, iteration)}\nmetrics: {monitor.metrics_path}\n"
+        log(f"checkpoint: {_describe_checkpoint(args.save)}\nmetrics: {monitor.metrics_path}\n"
             f"config: {os.path.join(args.save, 'config.json')}")
     return 0
 
+
+def _checkpoints_to_load(args, model_fields: dict, log):
+    """(resume point of --load or None, --pretrained-checkpoint's point or None), each checked against the
+    model asked for. CheckpointError (exit 2) names every differing field at once."""
+    from megatron_sat.training import checkpointing as ckpt
+    from megatron_sat.training.run_folder import model_differences
+
+    def find(root, step=None):
+        return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log)
+
+    def check(point, flag):
+        if point is None:
+            return None
+        differs = model_differences(point.model_fields(), model_fields)
+        if differs:
+            raise ckpt.CheckpointError(f"{flag} {point.directory} holds another model: {'; '.join(differs)}. Pass the "
+                                       "checkpoint's model flags (or its recipe), or a new --save to start afresh")
+        return point
+
+    resume = check(find(args.load, args.ckpt_step), "--load") if args.load else None
+    if resume is not None or not args.pretrained_checkpoint:
+        return resume, None
+    pretrained = find(args.pretrained_checkpoint)
+    if pretrained is None:
+        raise ckpt.CheckpointError(f"--pretrained-checkpoint {args.pretrained_checkpoint} holds no complete checkpoint")
+    return None, check(pretrained, "--pretrained-checkpoint")
