@@ -4,20 +4,31 @@ For each arch (SATFormer, ResFormer, the Transformer and the DenseFormer, MUDDFo
 Hyper-Connections baselines), one rank trains 3 optimizer steps (AdamW, clip 1.0) of a tiny
 4-layer GQA model from saved initial weights; then 4 gloo ranks train the same steps from the same weights at each layout
 of tests/workers/equivalence.py (TP2, TP2+SP, PP2, PP2 x VPP2, TP2 x PP2, TP2+SP x PP2 x VPP2,
-DP4, and full/selective recompute; DenseFormer and MUDDFormer refuse full recompute). Compared, for
-every parameter under its global name (gates, lambdas, DWA weights, depth aggregates and
-hyper-connections included):
+DP4, and full/selective recompute; DenseFormer and MUDDFormer refuse full recompute). The SP
+layouts and TP2 x PP2 run micro-batches of 2 (sequence 16), so that a swap of the batch and
+sequence axes moves data. Compared, for every parameter under its global name (gates, lambdas,
+DWA weights, depth aggregates and hyper-connections included):
 
-  * the loss of each of the 3 steps:            relative error <= 1e-5
-  * the gradient after the first backward:      max |g - g_ref| <= 1e-5 * max |g_ref|
-  * the parameter after the 3rd step:           max |p - p_ref| <= 5e-3 * max |p_ref|
+  * the gradient, in float64:                   max |g - g_ref| <= 1e-10 * max |g_ref|
+  * the loss of each of the 3 float32 steps:    relative error <= 1e-5
+  * the parameter after the 3rd float32 step:   max |p - p_ref| <= 5e-3 * max |p_ref|
+
+Gradients: each case also runs one forward-backward of the first global batch in float64 (same
+initial weights, same schedules, transports and gradient finalisation; Megatron's DDP reducing in
+float64; a loss linear in the logits, as Megatron's cross entropy computes in float32). Float32
+gradients are not compared element by element: a layout's float32 rounding, amplified by
+cancellation, reached 2.8e-5 of the gradient's size for Hyper-Connections' scalar
+dynamic_alpha_scale at TP2 (tests/workers/equivalence.py has the analysis), above the former 1e-5
+bound; in float64 the worst seen is 1.2e-14 (Hyper-Connections, TP2 + SP), so 1e-10 leaves four
+orders of magnitude for rounding and fails on any gradient error above 1e-10 of a tensor's size.
+The float32 losses agree to <= 8.8e-7 (MUDDFormer, TP2 + SP).
 
 The initial weights are the arch's own init plus N(0, 0.02) noise, so that weights that start as
 exact constants (zero or one-hot connection weights) have real gradients from the first step, and
 Adam's eps is 1e-6: near eps, Adam's update lr * g / (|g| + eps) turns float32 rounding of a tiny
 gradient into +-lr (tests/workers/equivalence.py has the cases that showed it). The parameter bound
-is still looser than the gradient bound because Adam divides by sqrt(v), which amplifies rounding
-for entries with small gradients. Two process-group launches in all (1 rank, then 4 ranks).
+is looser because Adam divides by sqrt(v), which amplifies float32 rounding for entries with small
+gradients (seen up to 1.0e-3, MUDDFormer with TP). Two process-group launches in all (1 rank, then 4 ranks).
 """
 
 import importlib.util
@@ -31,7 +42,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "equivalence.py")
-LOSS_RTOL, GRAD_RTOL, PARAM_RTOL = 1e-5, 1e-5, 5e-3
+LOSS_RTOL, GRAD_RTOL, PARAM_RTOL = 1e-5, 1e-10, 5e-3
 
 
 def _cases():
@@ -73,7 +84,7 @@ def test_layout_matches_one_rank(results, case):
     assert not r["missing"], f"parameters present on one side only: {r['missing']}"
     assert r["loss_rel_err"] <= LOSS_RTOL, f"losses {r['losses']} vs one rank {r['ref_losses']}"
     name, err = r["worst_grad"]
-    assert err <= GRAD_RTOL, f"gradient of {name} differs by {err:.2e} (relative to its max)"
+    assert err <= GRAD_RTOL, f"float64 gradient of {name} differs by {err:.2e} (relative to its max)"
     name, err = r["worst_param"]
     assert err <= PARAM_RTOL, f"{name} after 3 steps differs by {err:.2e} (relative to its max)"
     if not case.startswith("transformer"):

@@ -4,10 +4,26 @@
     torchrun --nproc-per-node 4 tests/workers/equivalence.py --out DIR
 
 The reference run (one rank) saves each variant's initial weights as a dist checkpoint, then
-records the loss of every step, every parameter's gradient after the first backward and every
-parameter after the last step. Layout runs load those initial weights (resharded by
-dist-checkpointing), train on the same global batches and write, from global rank 0, the same
-records gathered to full tensors under global names: results.json lists each comparison.
+records every parameter's float64 gradient (below), the loss of every float32 training step and
+every parameter after the last step. Layout runs load those initial weights (resharded by
+dist-checkpointing), do the same on the same global batches and write, from global rank 0, the
+same records gathered to full tensors under global names: results.json lists each comparison.
+
+Gradients are compared in float64. In float32 a layout's gradients differ from one rank's by
+rounding that cancellation amplifies, and no float32 bound is both safe and tight. The worst case,
+Hyper-Connections' dynamic_alpha_scale (one scalar per sublayer), has the gradient
+sum_{t,n,k} tanh(.)[t,n,k] * dL/dalpha[t,n,k], 8*16*4*5 = 2,560 terms of both signs, each itself a
+dot product over h = 64 (dL/dalpha[t,n,k] = H[t,n,:] . dL/dmix[t,k,:]). For layer 4's attention
+sublayer sum|products| / |sum| is ~400 (~20 for the terms alone), so float32 (u = 6e-8) can be off
+by up to u * 400 = 2.4e-5 of the result: one rank's float32 gradient is itself 1.1e-5 from the
+float64 value, and TP2's (every matmul reduced in another order) was 2.8e-5 from one rank's, above
+the former 1e-5 bound (DP4, which only regroups the sum over tokens: 3e-7). That is float32
+arithmetic, not a parallelism error. So each case also builds its model in float64 from the same
+initial weights, wraps it in Megatron's DDP reducing in float64 and runs one forward-backward of
+step 0's global batch through the same schedules, transports and gradient finalisation, with a
+loss linear in the logits (L = sum of R * logits over unmasked tokens / token count, R a fixed
+random tensor; Megatron's cross entropy computes in float32 whatever the input dtype, so it would
+bring the float32 rounding back). Those gradients agree to ~1e-14 (tests/test_parallel_equivalence.py).
 """
 
 import argparse
@@ -15,6 +31,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -25,14 +42,17 @@ from megatron_sat import compat  # noqa: E402
 compat.ensure_cpu_compat()
 
 from megatron.core import parallel_state  # noqa: E402
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
 
 from megatron_sat.model.config import make_config  # noqa: E402
 from megatron_sat.model.gpt import build_model  # noqa: E402
+from megatron_sat.parallel.grads import finalize_grads  # noqa: E402
 from megatron_sat.parallel.layout import Layout, destroy, initialize, validate  # noqa: E402
+from megatron_sat.parallel.pipeline import forward_backward  # noqa: E402
 from megatron_sat.training.checkpointing import load_model, save_model  # noqa: E402
 from megatron_sat.training.step import build_optimizer, train_step, wrap_ddp  # noqa: E402
 
-VOCAB, SEQ, GLOBAL_BATCH, MBS, STEPS, SEED = 128, 16, 8, 1, 3, 1234
+VOCAB, SEQ, GLOBAL_BATCH, STEPS, SEED = 128, 16, 8, 3, 1234
 # Every initial weight gets noise of this std before it is saved: the baselines start with exact
 # constants (zero W2 and static weights in MUDDFormer, one-hot DWA weights, zero dynamic
 # projections), where some gradients are zero in exact arithmetic and pure float32 rounding noise
@@ -57,16 +77,20 @@ VARIANTS = {
 }
 FULL_RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
 SELECTIVE_RECOMPUTE = dict(recompute_granularity="selective", recompute_modules=["core_attn"])
+# (layout, config fields, micro-batch size). Every layout with SP, and TP2 x PP2, runs micro-batches of 2:
+# at 1, an error that swaps the batch and sequence axes ([s, b] read as [b, s] in V1's pipeline packing
+# or the gate's all-to-all) moves no element and is invisible. SEQ 16 (8 per SP shard) != 2 != N_kv/TP 1.
+# The others keep micro-batches of 1 (one-rank reference: 1) and the most micro-batches per step.
 LAYOUTS = {
-    "dp4": (Layout(), {}),
-    "tp2": (Layout(tp=2), {}),
-    "tp2_sp": (Layout(tp=2, sp=True), {}),
-    "pp2": (Layout(pp=2), {}),
-    "pp2_vpp2": (Layout(pp=2, vpp=2), {}),
-    "tp2_pp2": (Layout(tp=2, pp=2), {}),
-    "tp2_sp_pp2_vpp2": (Layout(tp=2, pp=2, vpp=2, sp=True), {}),  # V1 in its sequence-shard layout on the wire
-    "pp2_full_recompute": (Layout(pp=2), FULL_RECOMPUTE),
-    "tp2_sp_selective_recompute": (Layout(tp=2, sp=True), SELECTIVE_RECOMPUTE),
+    "dp4": (Layout(), {}, 1),
+    "tp2": (Layout(tp=2), {}, 1),
+    "tp2_sp": (Layout(tp=2, sp=True), {}, 2),
+    "pp2": (Layout(pp=2), {}, 1),
+    "pp2_vpp2": (Layout(pp=2, vpp=2), {}, 1),
+    "tp2_pp2": (Layout(tp=2, pp=2), {}, 2),
+    "tp2_sp_pp2_vpp2": (Layout(tp=2, pp=2, vpp=2, sp=True), {}, 2),  # V1 in its sequence-shard layout on the wire
+    "pp2_full_recompute": (Layout(pp=2), FULL_RECOMPUTE, 1),
+    "tp2_sp_selective_recompute": (Layout(tp=2, sp=True), SELECTIVE_RECOMPUTE, 2),
 }
 # DenseFormer and MUDDFormer refuse full recompute (the config says why); selective is covered.
 CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconnections") for lay in LAYOUTS] + [
@@ -79,21 +103,67 @@ CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconne
 ARCH_PARAMS = ("value_residual", "dwa_weights", "depth_aggregate", "key_input_layernorm", "attention_hc", "mlp_hc")
 
 
-def batches(step: int, dp_rank: int, dp_size: int):
-    """This DP rank's micro-batches of the step's global batch (the same global batch everywhere)."""
+def batches(step: int, dp_rank: int, dp_size: int, mbs: int):
+    """This DP rank's micro-batches of the step's global batch (the same global batch everywhere),
+    with R [b, s, VOCAB] for the float64 gradient pass's linear loss."""
     g = torch.Generator().manual_seed(SEED + step)
     data = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=g)
+    cotangent = torch.randn(GLOBAL_BATCH, SEQ, VOCAB, generator=g, dtype=torch.float64)
     mask = torch.ones(GLOBAL_BATCH, SEQ)
     mask[:, :3] = 0  # a partial loss mask, so token counts matter
     mask[1, 5:] = 0
     per_rank = GLOBAL_BATCH // dp_size
-    for i in range(dp_rank * per_rank, (dp_rank + 1) * per_rank, MBS):
+    for i in range(dp_rank * per_rank, (dp_rank + 1) * per_rank, mbs):
         yield dict(
-            tokens=data[i : i + MBS, :-1],
-            labels=data[i : i + MBS, 1:],
-            loss_mask=mask[i : i + MBS],
-            position_ids=torch.arange(SEQ).unsqueeze(0).expand(MBS, SEQ),
+            tokens=data[i : i + mbs, :-1],
+            labels=data[i : i + mbs, 1:],
+            loss_mask=mask[i : i + mbs],
+            position_ids=torch.arange(SEQ).unsqueeze(0).expand(mbs, SEQ),
+            cotangent=cotangent[i : i + mbs],
         )
+
+
+def _linear_loss(loss_mask, cotangent, logits):
+    """Megatron loss_func: (sum of R * logits over unmasked tokens, token count, report). Under TP
+    each rank holds a vocabulary shard of the logits and takes the same shard of R; the TP ranks'
+    partial losses add up, as Megatron's backward of the vocab-parallel output layer assumes."""
+    shard = logits.shape[-1]
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    total = ((logits * cotangent[..., rank * shard:(rank + 1) * shard]).sum(-1) * loss_mask).sum()
+    count = loss_mask.sum().to(torch.int)
+    return total, count, {"linear loss": total.detach()}
+
+
+def linear_forward_step(data_iterator, model):
+    """forward_step_func of the float64 pass: logits [b, s, V/tp] on the last stage, no cross entropy."""
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None)
+    return output, partial(_linear_loss, batch["loss_mask"].to(torch.float64), batch["cotangent"])
+
+
+def float64_gradients(chunks32, variant: str, layout, extra: dict, dp_rank: int, dp: int, mbs: int):
+    """Step 0's gradients of the linear loss, computed in float64 from chunks32's current weights."""
+    config = make_config(**VARIANTS[variant], **SIZES, **layout.config_fields(torch.float64), **extra,
+                         params_dtype=torch.float64)
+    # .double(): Megatron's local norms make their weights in float32 whatever params_dtype says
+    chunks = [c.double() for c in build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)]
+    with torch.no_grad():
+        for c64, c32 in zip(chunks, chunks32, strict=True):
+            weights = dict(c32.named_parameters())
+            for name, p in c64.named_parameters():
+                p.copy_(weights.pop(name))
+            assert not weights, f"float32 parameters missing in float64: {sorted(weights)}"
+    # what megatron_sat.training.step.wrap_ddp sets up, with gradients kept and reduced in float64
+    config.calculate_per_token_loss = True
+    config.finalize_model_grads_func = finalize_grads
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False)
+    chunks = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
+              for i, c in enumerate(chunks)]
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
+    forward_backward(chunks, config, forward_step_func=linear_forward_step, data_iterator=batches(0, dp_rank, dp, mbs),
+                     num_microbatches=GLOBAL_BATCH // (mbs * dp), seq_length=SEQ, micro_batch_size=mbs)
+    return collect(chunks, "grad")
 
 
 def full_tensors(chunks, source: str) -> dict:
@@ -106,7 +176,7 @@ def full_tensors(chunks, source: str) -> dict:
         for name, p in model.named_parameters():
             if getattr(p, "shared", False):
                 continue  # replicas (tied output layer, ResFormer lambdas) equal their primary
-            t = (p.main_grad if source == "grad" else p).detach().float().clone()
+            t = (p.main_grad if source == "grad" else p).detach().clone()  # in its own dtype
             if getattr(p, "tensor_model_parallel", False) and tp_group.size() > 1:
                 dim = p.partition_dim
                 pieces = t.chunk(2, dim) if name.endswith("linear_fc1.weight") else (t,)  # SwiGLU [gate; up]
@@ -140,11 +210,11 @@ def collect(chunks, source: str):
 
 
 def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
-    layout, extra = (Layout(), {}) if reference else LAYOUTS[layout_name]
+    layout, extra, mbs = (Layout(), {}, 1) if reference else LAYOUTS[layout_name]
     world = torch.distributed.get_world_size()
     config = make_config(**VARIANTS[variant], **SIZES, **layout.config_fields(), **extra)
     dp = layout.dp(world)
-    num_micro = GLOBAL_BATCH // (MBS * dp)
+    num_micro = GLOBAL_BATCH // (mbs * dp)
     validate(layout, config, world, seq_length=SEQ, num_microbatches=num_micro)
     initialize(layout, seed=SEED)
     chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)
@@ -157,19 +227,18 @@ def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
         save_model(chunks, init_dir)
     else:
         load_model(chunks, init_dir)
+    dp_rank = parallel_state.get_data_parallel_rank()
+    grads = float64_gradients(chunks, variant, layout, extra, dp_rank, dp, mbs)
     chunks = wrap_ddp(chunks, config)
     optimizer = build_optimizer(chunks, lr=1e-2, weight_decay=0.1, clip_grad=1.0, eps=ADAM_EPS)
-    losses, grads = [], None
-    dp_rank = parallel_state.get_data_parallel_rank()
+    losses = []
     for step in range(STEPS):
         loss, grad_norm, ok = train_step(
-            chunks, optimizer, config, batches(step, dp_rank, dp),
-            num_microbatches=num_micro, seq_length=SEQ, micro_batch_size=MBS,
+            chunks, optimizer, config, batches(step, dp_rank, dp, mbs),
+            num_microbatches=num_micro, seq_length=SEQ, micro_batch_size=mbs,
         )
         assert ok, "optimizer step skipped"
         losses.append(loss)
-        if step == 0:
-            grads = collect(chunks, "grad")
     params = collect(chunks, "param")
     # the loss lives on the last stage: send it to rank 0
     last = [None] * world
