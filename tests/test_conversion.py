@@ -180,10 +180,28 @@ def test_export_refusals(built):
     assert "baseline" in e["bad_arch"] and "supported archs: transformer, resformer, satformer" in e["bad_arch"]
     assert "lacks tensors" in e["mismatch"] or "does not use" in e["mismatch"]
     assert "already exists" in e["exists"] and "unknown --dtype" in e["dtype"]
-    # megatron_sat's softmax_sigmoid lacks the authors' x num_kv_heads: refused while the two differ
-    assert e["gate"] is None or "differs from the SATFormer authors'" in e["gate"]
+    # softmax_sigmoid is now defined as the authors define it (x num_kv_heads): that export must go through
+    assert e["gate"] is None, e["gate"]
+    with open(os.path.join(built["root"], "out_gate", "config.json")) as f:
+        assert json.load(f)["value_residual_gate"] == "softmax_sigmoid"
     assert not any(v for k, v in e.items() if k.endswith("/left_output"))
     assert not [n for n in os.listdir(built["root"]) if ".partial-" in n]
+
+
+def test_exported_gates_match_megatron(built):
+    """Every SATFormer gate function: the exported modeling code computes what Megatron's does, and the
+    export's check against the authors' definitions accepts it."""
+    from megatron_sat.conversion.export import check_gate_matches_authors
+    from megatron_sat.conversion.mapping import ModelSpec
+    from megatron_sat.model.config import GATES, gate_function
+
+    exported = sys.modules[type(hf_model(os.path.join(built["root"], "satformer", "HF_A"))).__module__]
+    x = torch.randn(7, 5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for gate in GATES:
+        torch.testing.assert_close(exported._gate(gate, x), gate_function(gate)(x), rtol=1e-15, atol=0, msg=gate)
+        check_gate_matches_authors(ModelSpec(arch="satformer", num_layers=2, hidden_size=8, num_attention_heads=2,
+                                             num_query_groups=1, ffn_hidden_size=16, kv_channels=4, vocab_size=11,
+                                             max_position_embeddings=8, value_residual_gate=gate))
 
 
 def test_import_refusals(built, tmp_path):

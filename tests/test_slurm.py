@@ -174,8 +174,6 @@ def test_preempted_job_requeues_and_resumes(cluster, site):
 
 def test_profile_sbatch(cluster, site):
     """slurm/profile.sbatch -> tools/profile_throughput.py inside the job (2 tasks, every arch in one launch)."""
-    if not os.path.isfile(os.path.join(ROOT, "tools", "profile_throughput.py")):
-        pytest.skip("tools/profile_throughput.py is not there yet")
     job = cluster.sbatch(["--ntasks=2", "--cpus-per-task=1", "--time=15", f"--output={site['logs']}/%x-%j.out",
                           "slurm/profile.sbatch", "debug_satformer", "--steps", "1", "--warmup", "1"],
                          cwd=ROOT, env=site["env"])
