@@ -23,53 +23,19 @@ exit 2, clear message, nothing written. Eleven trainer launches in all (~2-3 min
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
+from train_cli import ROOT, latest, metrics, train
+from train_cli import cmd as _cmd
+from train_cli import env as _env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--arch", "satformer", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
         "--num-query-groups", "2", "--ffn-hidden-size", "128", "--seq-length", "32", "--micro-batch-size", "2",
         "--global-batch-size", "8", "--train-iters", "40", "--lr", "3e-3", "--min-lr", "3e-4",
         "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-interval", "10", "--eval-iters", "1",
         "--vocab-size", "512", "--no-progress-bar"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cmd(nproc: int, args):
-    if nproc == 1:
-        return [sys.executable, "-m", "megatron_sat.train", *args]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            f"--master-port={_free_port()}", "-m", "megatron_sat.train", *args]
-
-
-def _env():
-    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-
-
-def train(*args, nproc=1, expect=0, timeout=600):
-    proc = subprocess.run(_cmd(nproc, args), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == expect, f"exit {proc.returncode} != {expect}:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return proc.stdout + proc.stderr
-
-
-def metrics(folder):
-    with open(os.path.join(folder, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return {r["step"]: r for r in rows if "loss" in r}, {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
-
-
-def latest(folder):
-    with open(os.path.join(folder, "latest_checkpointed_iteration.txt")) as f:
-        return int(f.read())
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +177,9 @@ def test_distributed_optimizer_resumes_across_data_parallel_sizes(runs):
      "--global-batch-size 7 is not divisible by --micro-batch-size x data-parallel size = 2 x 1"),
     (["--mock-data", "--vocab-size", "64", "--pretrained-checkpoint", "/nonexistent/run"],
      "--pretrained-checkpoint folder /nonexistent/run does not exist"),
+    (["--mock-data", "--vocab-size", "64", "--global-batch-size", "0"],
+     "--micro-batch-size (2) and --global-batch-size (0) must be >= 1"),
+    (["--mock-data", "--vocab-size", "64", "--split", "abc"], "--split 'abc' must be up to three"),
 ])
 def test_bad_input_fails_clearly_without_writing(tmp_path, extra, message):
     save = tmp_path / "run"

@@ -40,6 +40,12 @@ def main(argv=None) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    from megatron_sat.outputs import check_output
+
+    try:
+        check_output("--output", args.output, {"--model": args.model, **{"--data": d for d in args.data}})
+    except ValueError as e:
+        p.error(str(e))
 
     from megatron_sat.analysis.gate_report import GateReportError, analyze, read_documents, to_markdown, write_report
 

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main(argv=None) -> int:
     from megatron_sat.analysis.evaluation import SUITES
+    from megatron_sat.outputs import check_output
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="HF model folder (tools/convert_to_hf.py --output)")
@@ -37,6 +38,14 @@ def main(argv=None) -> int:
     tasks = [t for s in args.suite for t in SUITES[s]] + list(args.tasks)
     if not tasks:
         p.error("give --suite and/or --tasks")
+    if os.path.isfile(os.path.join(args.model, "latest_checkpointed_iteration.txt")) or \
+            os.path.isfile(os.path.join(args.model, "metadata.json")):
+        p.error(f"--model {args.model} is a Megatron checkpoint: convert it first "
+                f"(python tools/convert_to_hf.py --load {args.model} --output HF_DIR), then --model HF_DIR")
+    try:
+        check_output("--output", args.output, {"--model": args.model})
+    except ValueError as e:
+        p.error(str(e))
     from megatron_sat.analysis.evaluation import EvaluationError, evaluate, to_markdown, write_results
 
     try:

@@ -79,6 +79,18 @@ def site_settings(site: str) -> dict:
     return {k: v for k, v in env.items() if k.startswith(("MSAT_", "SBATCH_"))}
 
 
+def _csv(conv, what: str):
+    """An argparse type for comma-separated values; its error says what a value must be."""
+    def parse(text: str) -> list:
+        try:
+            return [conv(x) for x in text.split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated {what}, e.g. 1,2,3") from None
+
+    parse.__name__ = f"comma-separated {what}"
+    return parse
+
+
 def _entries(archs, scales, seeds):
     from recipes.paper import cluster, recipe_name
 
@@ -178,10 +190,10 @@ def main(argv=None) -> int:
     from recipes.paper import ARCHS, SCALES
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    csv = lambda conv: (lambda s: [conv(x) for x in s.split(",") if x])  # noqa: E731
-    p.add_argument("--archs", type=csv(str), default=list(ARCHS), help="comma-separated (default: all)")
-    p.add_argument("--scales", type=csv(str), default=list(SCALES), help=f"comma-separated from {SCALES} or debug")
-    p.add_argument("--seeds", type=csv(int), default=[1234])
+    p.add_argument("--archs", type=_csv(str, "names"), default=list(ARCHS), help="comma-separated (default: all)")
+    p.add_argument("--scales", type=_csv(str, "names"), default=list(SCALES),
+                   help=f"comma-separated from {SCALES} or debug")
+    p.add_argument("--seeds", type=_csv(int, "integers"), default=[1234], help="comma-separated integers")
     p.add_argument("--nodes", type=int, help="override every entry's node count")
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--gpu", help="GPU kind for the memory check and GPU hours (H100, H200, A100, cpu)")

@@ -18,6 +18,7 @@ import torch
 
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import ConversionError, ModelSpec, hf_config, megatron_to_hf
+from megatron_sat.outputs import check_output
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,6 +57,10 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
     """Convert; returns a summary dict (arch, iteration, source, output, parameters, max_rel_diff if verify)."""
     if dtype not in DTYPES:
         raise ConversionError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    try:
+        check_output("--output", output, {"--load": load})
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
     megatron_io.init_single_process()
     iter_dir, run_dir = megatron_io.find_checkpoint(load)
     args, run_config = megatron_io.recorded_config(iter_dir, run_dir)

@@ -26,8 +26,11 @@ def read_hf_config(hf_dir: str) -> dict:
         raise ConversionError(f"{hf_dir} is not a folder")
     if not path.is_file():
         raise ConversionError(f"{hf_dir} has no config.json: not a Hugging Face model folder")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as e:
+        raise ConversionError(f"{path} is not valid JSON ({e}): re-export the model or repair the file") from None
 
 
 def read_hf_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
@@ -50,9 +53,13 @@ def read_hf_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
         raise ConversionError(f"{hf_dir} has no model.safetensors or {INDEX}{hint}")
     state = {}
     for name in files:
-        with safe_open(str(root / name), framework="pt") as f:
-            for key in f.keys():
-                state[key] = f.get_tensor(key)
+        try:
+            with safe_open(str(root / name), framework="pt") as f:
+                for key in f.keys():
+                    state[key] = f.get_tensor(key)
+        except Exception as e:  # noqa: BLE001 (safetensors raises its own error types)
+            raise ConversionError(f"{root / name} is unreadable ({type(e).__name__}: {e}): the file is truncated "
+                                  "or damaged; copy or export it again") from None
     if weight_map is not None:
         absent = sorted(k for k in weight_map if k not in state)
         if absent:

@@ -36,6 +36,7 @@ import torch
 
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import ConversionError, hf_to_megatron, spec_from_hf_config
+from megatron_sat.outputs import check_output
 
 SHAPE_FLAGS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base")
@@ -88,6 +89,10 @@ def resolve_resformer_lambdas(spec, state: dict) -> None:
 def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, overwrite: bool = False,
               log=print) -> dict:
     """Convert; returns a summary (arch, checkpoint folder, layout checked, parameters)."""
+    try:
+        check_output("--save", save, {"--hf": hf_dir})
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
     cfg = hf_io.read_hf_config(hf_dir)
     spec = spec_from_hf_config(cfg)
     state = hf_io.read_hf_weights(hf_dir)

@@ -130,6 +130,10 @@ def preprocess(
     except (OSError, ValueError) as e:
         raise SystemExit(f"{_ERR} cannot load tokenizer: {e}") from None
     prefix = _check_output(output_prefix)
+    clash = [f for f in files if os.path.realpath(f) in {os.path.realpath(prefix + e) for e in (".bin", ".idx")}]
+    if clash:
+        raise SystemExit(f"{_ERR} output prefix {output_prefix} would overwrite the input {clash[0]}: "
+                         "choose another --output-prefix")
 
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 

@@ -11,6 +11,7 @@ import os
 import sys
 from typing import List, Optional
 
+from megatron_sat.outputs import check_output
 from megatron_sat.training.run_folder import holds_run  # no megatron
 
 # = megatron_sat.model.config.ARCHS / DENSE_ARCHS / GATES (kept import-free; tests check they agree)
@@ -30,10 +31,11 @@ def _recipes():
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown for options that take a value; a switch's default ('True' for --no-save-final) misleads."""
+    """Defaults shown for options that take a value and whose help does not state its own; a switch's default
+    ('True' for --no-save-final) misleads."""
 
     def _get_help_string(self, action):
-        if action.nargs == 0:
+        if action.nargs == 0 or "default" in (action.help or "").lower():
             return action.help
         return super()._get_help_string(action)
 
@@ -213,8 +215,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
             errors.append("--data-path needs --tokenizer-model (the tokenizer the data was made with)")
     if args.mock_data and not args.vocab_size:
         errors.append("--mock-data needs --vocab-size")
-    if args.load and not os.path.isdir(args.load):
-        errors.append(f"--load folder {args.load} does not exist")
+    if args.load and not os.path.isdir(args.load) and not (args.save and same_path(args.load, args.save)):
+        errors.append(f"--load folder {args.load} does not exist")  # --save D --load D: D is created
     if args.ckpt_step is not None and not args.load:
         errors.append("--ckpt-step needs --load")
     if args.pretrained_checkpoint and not os.path.isdir(args.pretrained_checkpoint):
@@ -236,6 +238,12 @@ def save_folder_errors(args: argparse.Namespace) -> List[str]:
         return []
     if os.path.exists(save) and not os.path.isdir(save):
         return [f"--save {save} is a file, not a folder: pass a folder for checkpoints, metrics and config"]
+    others = {"--load": None if args.load and same_path(args.load, save) else args.load,
+              "--pretrained-checkpoint": args.pretrained_checkpoint}
+    try:
+        check_output("--save", save, others)
+    except ValueError as e:
+        return [str(e)]
     if args.load and same_path(args.load, save):
         return []
     if os.path.isdir(save) and holds_run(save):

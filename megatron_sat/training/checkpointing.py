@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_sat import compat
 from megatron_sat.training import integrity, run_folder
@@ -37,6 +38,11 @@ from megatron_sat.training.signals import install_write_results_queue, shielded_
 
 CHECKPOINT_VERSION = 2  # 2: records the model's resolved fields ("model_fields") and writes manifest.json
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}  # reshardable across layouts
+
+
+# torch.distributed.checkpoint's CheckpointException (how Megatron-Core reports a failed write or read) is a
+# BaseException
+_WRITE_ERRORS = (Exception, CheckpointException)
 
 
 class SaveFailed(RuntimeError):
@@ -135,16 +141,30 @@ def _state_dict(chunks, optimizer, loading: bool, common: dict, with_rng: bool) 
 # saving
 # ---------------------------------------------------------------------------------------------
 
-def _reason(err: BaseException) -> str:
-    """One line for a failed save; the disk-full case named as such, wherever it hides in the chain."""
+def _reason(err: BaseException, folder: Optional[str] = None) -> str:
+    """One line for a failed save or load. A full disk is named as such: by ENOSPC anywhere in the chain,
+    or (torch's file writer reports it as "unexpected pos") by less room left on `folder`'s file system
+    than the newest complete checkpoint there takes."""
     seen, e = [], err
     while e is not None and len(seen) < 10:
         seen.append(e)
         if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
             return "the disk is full (No space left on device): free space or point --save elsewhere"
         e = e.__cause__ or e.__context__
+    if folder is not None and os.path.isdir(folder):
+        free = shutil.disk_usage(folder).free
+        last = run_folder.latest_iteration(folder)
+        need = _folder_bytes(checkpoint_dir(folder, last)) if last is not None else 16 << 20
+        if free < need:
+            return (f"the disk is full ({free / 2**20:.1f} MiB free, a checkpoint takes {need / 2**20:.1f} MiB): "
+                    "free space or point --save elsewhere")
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def _folder_bytes(directory: str) -> int:
+    return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)) \
+        if os.path.isdir(directory) else 0
 
 
 class Saver:
@@ -197,7 +217,7 @@ class Saver:
                 self.log(f"saving checkpoint {final} in the background")
         except SaveFailed:
             raise
-        except Exception as e:  # noqa: BLE001 (any failure of the writer: report it in one line)
+        except _WRITE_ERRORS as e:  # any failure of the writer: report it in one line
             self._abandon(tmp, e)
         return final
 
@@ -213,7 +233,7 @@ class Saver:
                 time.sleep(self.debug_delay_s)
             torch.distributed.barrier()
             integrity.write_manifest(tmp)
-        except Exception as e:  # noqa: BLE001
+        except _WRITE_ERRORS as e:
             self._abandon(tmp, e)
         if _rank0():
             if os.path.exists(final):  # a checkpoint of the same iteration (a rerun): replace it whole
@@ -231,12 +251,13 @@ class Saver:
 
     def _abandon(self, tmp: str, err: BaseException) -> None:
         self.pending = None
+        reason = _reason(err, self.root)  # before the partial files are removed: a full disk still shows
         torch.distributed.barrier()
         if _rank0():
             shutil.rmtree(tmp, ignore_errors=True)
         last = run_folder.latest_iteration(self.root) if os.path.isdir(self.root) else None
         kept = f"{checkpoint_dir(self.root, last)} is intact" if last is not None else "no earlier checkpoint"
-        raise SaveFailed(f"could not write checkpoint {tmp[:-4]}: {_reason(err)} ({kept})") from err
+        raise SaveFailed(f"could not write checkpoint {tmp[:-4]}: {reason} ({kept})") from err
 
     def poll(self) -> None:
         """Finish an asynchronous save whose files are written (collective; cheap when none is pending)."""
@@ -254,7 +275,7 @@ class Saver:
             self.queue.maybe_finalize_async_calls(blocking=blocking)
         except SaveFailed:
             raise
-        except Exception as e:  # noqa: BLE001 (the writer process failed on some rank)
+        except _WRITE_ERRORS as e:  # the writer process failed on some rank
             self._abandon(checkpoint_dir(self.root, pending) + ".tmp", e)
 
 
@@ -287,7 +308,7 @@ class ResumePoint:
 def _read_common(directory: str) -> dict:
     try:
         return dist_checkpointing.load_common_state_dict(directory)
-    except Exception as e:  # noqa: BLE001 (torch's unpickling errors say nothing about the checkpoint)
+    except _WRITE_ERRORS as e:  # torch's unpickling errors say nothing about the checkpoint
         raise integrity.CorruptCheckpoint(f"cannot read {directory}: {_reason(e)}") from None
 
 
@@ -348,7 +369,7 @@ def restore(point: ResumePoint, chunks, optimizer, scheduler) -> dict:
     try:
         loaded = dist_checkpointing.load(_state_dict(chunks, optimizer, True, {}, with_rng=same_ranks),
                                          point.directory)
-    except Exception as e:  # noqa: BLE001
+    except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load {point.directory}: {_reason(e)}") from None
     _load_model_state(chunks, loaded)
     optimizer.load_state_dict(loaded["optimizer"])
@@ -371,6 +392,6 @@ def load_weights(point: ResumePoint, chunks) -> str:
     The caller refreshes the optimizer's main parameters (optimizer.reload_model_params())."""
     try:
         load_model(chunks, point.directory)
-    except Exception as e:  # noqa: BLE001
+    except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load the weights of {point.directory}: {_reason(e)}") from None
     return point.directory
