@@ -112,6 +112,7 @@ def build_datasets(
     num_samples: Tuple[Optional[int], Optional[int], Optional[int]],
     split: Optional[str] = "98,2,0",
     seed: int = 1234,
+    valid_seed: Optional[int] = None,
     mock: bool = False,
     cache_dir: Optional[str] = None,
     create_attention_mask: bool = False,
@@ -133,6 +134,10 @@ def build_datasets(
             that many (repeating epochs if needed). None = one epoch.
         split: document shares, e.g. ``"98,2,0"`` (contiguous ranges of documents).
         seed: seed of the document and sample shuffles.
+        valid_seed: when given (and not ``seed``), the validation split is shuffled with this seed
+            instead, so that runs of a sweep with different ``seed`` score the same validation
+            samples while their training orders differ. Train and test keep ``seed``; each
+            part is built (and cached) on its own.
         mock: synthetic data from ``MockGPTDataset`` (no files needed).
         cache_dir: where index files are cached (default ``<first prefix folder>/index_cache``).
         create_attention_mask: put a [1, s, s] causal mask in every sample (not needed by
@@ -172,23 +177,38 @@ def build_datasets(
         if cache_dir is None:
             cache_dir = os.path.join(os.path.dirname(os.path.abspath(prefixes[0])), "index_cache")
 
-    config = GPTDatasetConfig(
-        random_seed=seed,
-        sequence_length=seq_length,
-        blend=blend,
-        blend_per_split=blend_per_split,
-        split=split,
-        path_to_cache=None if mock else cache_dir,
-        tokenizer=tokenizer,
-        reset_position_ids=reset_position_ids,
-        reset_attention_mask=reset_attention_mask,
-        eod_mask_loss=eod_mask_loss,
-        create_attention_mask=create_attention_mask,
-    )
+    def make_config(random_seed: int, keep=(0, 1, 2)):
+        """The dataset config; splits not in `keep` are left out (not built)."""
+        per_split = None if blend_per_split is None else [
+            b if i in keep else None for i, b in enumerate(blend_per_split)]
+        config = GPTDatasetConfig(
+            random_seed=random_seed,
+            sequence_length=seq_length,
+            blend=blend,
+            blend_per_split=per_split,
+            split=split,
+            path_to_cache=None if mock else cache_dir,
+            tokenizer=tokenizer,
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+            create_attention_mask=create_attention_mask,
+        )
+        if config.split_matrix is not None:
+            config.split_matrix = [m if i in keep else None for i, m in enumerate(config.split_matrix)]
+        return config
+
+    def build(config):
+        return BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank, config).build()
+
+    config = make_config(seed)
     if blend is not None:
         _check_split_nonempty(blend[0], config.split_matrix, sizes)
-    builder = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank, config)
-    train, valid, test = builder.build()
+    if valid_seed is None or valid_seed == seed or not sizes[1]:
+        train, valid, test = build(config)
+    else:  # the validation samples must not depend on `seed`: that split is shuffled with its own seed
+        train, _, test = build(make_config(seed, keep=(0, 2)))
+        _, valid, _ = build(make_config(valid_seed, keep=(1,)))
     return GPTDatasets(train, valid, test)
 
 

@@ -6,8 +6,14 @@ Embedded data (--embedded-data DIR), built by global rank 0 while the others wai
     DIR/tokenizer/                      byte-level BPE trained on it (--vocab-size)
     DIR/default_text_document.{bin,idx} the tokenized corpus
 A rerun finds DIR/READY (written last) and skips all three.
+
+Validation: every run scores the same validation samples whatever its --seed (the validation split is
+shuffled with VALIDATION_SEED; the training order still follows --seed), so that the seeds and archs of a
+sweep are compared on identical text. build_iterators records what identifies them (a hash of the scored
+token ids) as args.validation_set, which config.json carries.
 """
 
+import hashlib
 import json
 import os
 import time
@@ -20,6 +26,9 @@ from megatron_sat.data.checks import DataError, check_dataset, epochs_needed
 from megatron_sat.training.arguments import parse_split
 
 READY = "READY"
+# seed of the validation split's shuffle, the same for every run (1234, the recipes' default --seed, so that
+# a run with the default seed scores the validation samples it scored before this seed was split off)
+VALIDATION_SEED = 1234
 
 
 def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
@@ -28,6 +37,11 @@ def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
     tok_dir = os.path.join(directory, "tokenizer")
     ready = os.path.join(directory, READY)
     if torch.distributed.get_rank() == 0:
+        import fcntl
+
+        os.makedirs(directory, exist_ok=True)
+        lock = open(os.path.join(directory, ".lock"), "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # runs started together (a job array) build it once; the others wait
         stamp = None
         if os.path.isfile(ready):
             with open(ready) as f:
@@ -47,6 +61,7 @@ def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
                 f"({time.time() - t0:.0f} s)")
         else:
             log(f"reusing the embedded corpus in {directory} ({stamp['tokens']:,} tokens)")
+        lock.close()
     torch.distributed.barrier()
     return prefix, tok_dir
 
@@ -95,8 +110,10 @@ def build_iterators(args, tokenizer, data, consumed_samples: int):
     datasets = build_datasets(
         data, tokenizer, seq_length=args.seq_length,
         num_samples=(args.train_iters * args.global_batch_size, evals, 0),
-        split=args.split, seed=args.seed, mock=args.mock_data, cache_dir=cache,
+        split=args.split, seed=args.seed, valid_seed=VALIDATION_SEED, mock=args.mock_data, cache_dir=cache,
     )
+    if torch.distributed.get_rank() == 0 and datasets.valid is not None and evals:
+        args.validation_set = dict(id=validation_set_id(datasets.valid, evals), samples=evals, seed=VALIDATION_SEED)
     dp_rank = parallel_state.get_data_parallel_rank()
     dp_size = parallel_state.get_data_parallel_world_size()
     train = iter(build_data_loader(datasets.train, args.micro_batch_size, dp_rank, dp_size, consumed_samples))
@@ -107,3 +124,14 @@ def build_iterators(args, tokenizer, data, consumed_samples: int):
         return iter(build_data_loader(datasets.valid, args.micro_batch_size, dp_rank, dp_size, 0, cyclic=True))
 
     return train, valid
+
+
+def validation_set_id(dataset, num_samples: int) -> str:
+    """A hash of the token ids an evaluation scores: samples 0 .. num_samples - 1 (cyclic) of `dataset`,
+    in that order (what every evaluation reads, for any data-parallel layout)."""
+    h = hashlib.sha256()
+    for i in range(num_samples):
+        sample = dataset[i % len(dataset)]
+        h.update(sample["tokens"].to(torch.int64).numpy().tobytes())
+        h.update(sample["labels"][-1:].to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
