@@ -5,15 +5,28 @@ metrics.jsonl holds one JSON object per logged step:
      "gate_mean": [per layer], "gate_zero_frac": [per layer]}   (gates: SATFormer only)
 and {"step", "val_loss", "val_ppl"} lines when evaluated. On resume the lines after the loaded
 iteration are dropped, so the file always describes the run that produced the checkpoint.
+
+For the sweep tables (megatron_sat/analysis/grid.py) every line also carries "wall_time_s" (since the run's
+first start, over all its restarts; each attempt counted from its process start), training lines the peak
+memory so far (`memory()`: "mem_cpu_peak_rss_gib", "mem_cpu_rss_gib", and with CUDA "mem_gpu_allocated_gib"
+and "mem_gpu_reserved_gib"; global rank 0's process, the first pipeline stage), and close() ends each attempt
+with {"step", "event": "end", "status": complete | stopped | failed, "reason", "wall_time_s", "restarts",
+memory}. config.json gets "scale", "sweep" ($MSAT_SWEEP), "non_embedding_parameters", "data_identity" (data
+path or blend, tokenizer, its vocabulary, the validation set's id from training/data.py) and "attempts" (one
+entry per start: time, step, host, pid, Slurm job; "restarts" = attempts - 1). wandb: the runs of a sweep
+form one group ($MSAT_SWEEP, else $WANDB_RUN_GROUP) with arch, scale and seed in their config.
 """
 
 import json
 import math
 import os
+import resource
 import socket
 import sys
 import time
 from typing import Optional
+
+GIB = 2.0 ** 30
 
 
 def _fmt_time(seconds: float) -> str:
@@ -31,15 +44,63 @@ def _wandb_reachable(host: str = "api.wandb.ai", timeout: float = 2.0) -> bool:
         return False
 
 
+def memory() -> dict:
+    """Peak memory of this process so far (GiB): CPU peak RSS (getrusage) and current RSS (psutil); with CUDA the
+    peak allocated and reserved bytes of its device (torch.cuda.max_memory_*)."""
+    out = {"mem_cpu_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}
+    try:
+        import psutil
+
+        out["mem_cpu_rss_gib"] = psutil.Process().memory_info().rss / GIB
+    except ImportError:
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["mem_gpu_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+        out["mem_gpu_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+    return out
+
+
+def _process_start() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except ImportError:
+        return time.time()
+
+
+def _slurm_job() -> Optional[str]:
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def _read_json_lines(path: str) -> list:
+    out = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:  # a line cut short by a crash
+                    pass
+    return out
+
+
 class Monitor:
     def __init__(self, args, run_config: dict, start_iteration: int, resumed: bool, is_logger: bool):
         self.args = args
         self.enabled = is_logger
         self.bar = self.wandb = None
         self.metrics_path = os.path.join(args.save, "metrics.jsonl")
+        self.last_step, self.closed = start_iteration, False
         if not self.enabled:
             return
         os.makedirs(args.save, exist_ok=True)
+        self.t_process = _process_start()
+        run_config = self._run_record(args, run_config, start_iteration)
         kept = []
         if resumed and os.path.exists(self.metrics_path):
             with open(self.metrics_path) as f:
@@ -62,6 +123,42 @@ class Monitor:
 
             self.bar = tqdm(total=args.train_iters, initial=start_iteration, unit="step", dynamic_ncols=True)
 
+    def _run_record(self, args, run_config: dict, start_iteration: int) -> dict:
+        """run_config plus what a sweep's tables need (module docstring); reads the previous attempts' records."""
+        from megatron_sat.analysis.grid import scale_name
+
+        old_config = os.path.join(args.save, "config.json")
+        try:
+            with open(old_config) as f:
+                before = json.load(f)
+        except (OSError, ValueError):
+            before = {}
+        # wall time of the earlier attempts: the last wall_time_s any of them wrote (lines dropped on resume too)
+        times = [r.get("wall_time_s") for r in _read_json_lines(self.metrics_path)] + [before.get("wall_time_before_s")]
+        self.wall_before = max([t for t in times if isinstance(t, (int, float))], default=0.0)
+        attempts = list(before.get("attempts") or []) + [dict(
+            started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), start_step=start_iteration, host=socket.gethostname(),
+            pid=os.getpid(), process_start=self.t_process, slurm_job=_slurm_job(),
+            slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT") or 0))]
+        self.restarts = len(attempts) - 1
+        vocab = run_config.get("vocab_size")
+        params = run_config.get("num_parameters")
+        validation = getattr(args, "validation_set", None) or {}
+        extra = dict(
+            scale=scale_name(vars(args)), sweep=os.environ.get("MSAT_SWEEP") or None,
+            non_embedding_parameters=None if params is None or vocab is None else params - vocab * args.hidden_size,
+            data_identity=dict(data=run_config.get("data") or ("mock" if args.mock_data else None),
+                               tokenizer=run_config.get("tokenizer"),
+                               tokenizer_vocab_size=run_config.get("tokenizer_vocab_size"), split=args.split,
+                               validation_set_id=validation.get("id"), validation_samples=validation.get("samples"),
+                               validation_seed=validation.get("seed")),
+            attempts=attempts, restarts=self.restarts, wall_time_before_s=self.wall_before)
+        return dict(run_config, **extra)
+
+    def wall_time(self) -> float:
+        """Seconds since the run's first start: earlier attempts + this process's life so far."""
+        return self.wall_before + time.time() - self.t_process
+
     def _init_wandb(self, run_config: dict) -> None:
         import wandb
 
@@ -70,8 +167,11 @@ class Monitor:
             mode = "online" if _wandb_reachable() else "offline"
         if mode == "disabled":
             return
+        group = run_config.get("sweep") or os.environ.get("WANDB_RUN_GROUP") or None
+        config = dict(run_config, arch=run_config.get("arch"), scale=run_config.get("scale"),
+                      seed=run_config.get("seed"))
         self.wandb = wandb.init(project=self.args.wandb_project, name=self.args.wandb_exp_name, mode=mode,
-                                dir=self.args.save, config=run_config, resume="allow")
+                                dir=self.args.save, config=config, group=group, resume="allow")
         self.print(f"wandb: {mode} run in {self.args.save}/wandb")
 
     def print(self, text: str) -> None:
@@ -85,6 +185,8 @@ class Monitor:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
+        self.last_step = max(self.last_step, record["step"])
+        record = dict(record, wall_time_s=self.wall_time())
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
@@ -96,6 +198,8 @@ class Monitor:
             self.wandb.log(flat, step=record["step"])
 
     def log_train(self, record: dict, eta_s: float) -> None:
+        if self.enabled:
+            record = dict(record, **memory())
         self.write(record)
         mfu = "n/a" if record.get("mfu") is None else f"{100 * record['mfu']:.1f}%"
         line = (f"step {record['step']:>{len(str(self.args.train_iters))}}/{self.args.train_iters} | "
@@ -116,7 +220,21 @@ class Monitor:
         if self.bar is not None:
             self.bar.update(n)
 
-    def close(self) -> None:
+    def close(self, status: Optional[str] = None, reason: Optional[str] = None) -> None:
+        """End this attempt: the "end" line of metrics.jsonl, then the progress bar and wandb.
+
+        status: complete / stopped / failed. By default "failed" when called while an exception is being handled
+        (the trainer's NaN and save-failure paths), else "complete" at --train-iters and "stopped" before."""
+        if self.enabled and not self.closed:
+            self.closed = True
+            error = sys.exc_info()[1]
+            if status is None:
+                status = ("failed" if error is not None else
+                          "complete" if self.last_step >= self.args.train_iters else "stopped")
+            if reason is None and error is not None:
+                reason = f"{type(error).__name__}: {error}"
+            self.write(dict(step=self.last_step, event="end", status=status, reason=reason, restarts=self.restarts,
+                            **memory()))
         if self.bar is not None:
             self.bar.close()
             self.bar = None
