@@ -39,5 +39,6 @@ setup(
         "eval": _reqs("eval"),
         "dev": _reqs("dev"),
     },
-    entry_points={"console_scripts": ["megatron-sat-train = megatron_sat.train:main"]},
+    entry_points={"console_scripts": ["megatron-sat-train = megatron_sat.train:main",
+                                      "megatron-sat-collect-grid = megatron_sat.analysis.collect:main"]},
 )

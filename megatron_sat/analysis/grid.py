@@ -1,0 +1,406 @@
+"""A sweep's results read back: every run folder below some folders, one row per run (grid.csv).
+
+A run folder holds config.json and metrics.jsonl (megatron_sat/training/monitor.py describes both). From them:
+
+    run, arch, scale, seed        folder name; config.json; scale_name() below; --seed
+    params, non_embedding_params  config.json num_parameters (this model's, counted once), minus vocab x d_model
+    tokens, train_flops           consumed samples x seq length at the last logged step; x flops_per_token
+                                  (the trainer's analytic count, megatron_sat/model/flops.py, 3 x forward)
+    final_val_loss, best_val_loss the validation loss at the last step (final_val_step says which step it was)
+                                  and the lowest one logged
+    tokens_per_s_per_gpu, mfu,    medians over the logged intervals, the first left out (warm-up) when there are
+    step_time_s                   more; tokens/s divided by the world size
+    wall_hours, gpu_hours         wall_time_s of the last line (all attempts, from each process start); x world size
+    peak_memory_gib               the GPU's peak reserved memory if the run had one, else the CPU peak RSS (rank 0)
+    status                        complete / running / failed / stopped (run_status), restarts: attempts - 1
+    eval:<task>, eval_avg:<suite> scores of tools/evaluate.py results.json files inside the run folder (the main
+                                  metric per task, as in megatron_sat/analysis/evaluation.py)
+
+Bad input raises GridError naming the file: a folder without runs, a run folder missing config.json or
+metrics.jsonl, a line of metrics.jsonl that is not JSON (only a last line cut short, with no newline, is
+tolerated: a write in progress or a crash).
+"""
+
+import csv
+import glob
+import hashlib
+import io
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import time
+from typing import Dict, Iterable, List, Optional
+
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+COLUMNS = ["run", "arch", "scale", "seed", "status", "step", "train_iters", "params", "non_embedding_params",
+           "tokens", "train_flops", "final_val_loss", "final_val_step", "best_val_loss", "last_train_loss",
+           "tokens_per_s_per_gpu", "mfu", "step_time_s", "wall_hours", "gpu_hours", "peak_memory_gib",
+           "peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "peak_cpu_rss_gib", "restarts", "world_size", "sweep",
+           "recipe", "data_id", "slurm_job", "slurm_state", "reason", "path"]
+ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
+SKIP_DIRS = ("wandb", "data_cache", "index_cache")
+
+
+class GridError(ValueError):
+    """Bad input for the collector: the message names the file or folder."""
+
+
+def scale_name(config: dict) -> str:
+    """The scale of a run: its recipe's size (satformer_760M -> 760M, debug_satformer -> debug, ladder recipes
+    -> ladder1 ...) when the run kept the recipe's shape, else the shape itself ('<layers>x<d_model>')."""
+    recipe, arch = config.get("recipe"), config.get("arch")
+    shape = f"{config.get('num_layers')}x{config.get('hidden_size')}"
+    if not recipe:
+        return shape
+    name = recipe
+    if arch and recipe.startswith(arch + "_"):
+        name = recipe[len(arch) + 1:]
+    elif arch and recipe.endswith("_" + arch):
+        name = recipe[:-len(arch) - 1]
+    try:
+        import recipes
+
+        defaults = recipes.get(recipe)
+    except Exception:  # a recipe this checkout does not know: its name is all there is
+        return name
+    if any(defaults.get(k) is not None and config.get(k) != defaults[k] for k in SHAPE_KEYS):
+        return shape
+    return name
+
+
+# ---------------------------------------------------------------------------------------------- finding runs
+def find_runs(folders: Iterable[str]) -> List[str]:
+    """Every run folder (config.json or metrics.jsonl in it) at or below each folder, sorted."""
+    found = []
+    for top in folders:
+        if not os.path.isdir(top):
+            raise GridError(f"{top}: no such folder")
+        mine = []
+        for here, dirs, files in os.walk(top):
+            if "config.json" in files or "metrics.jsonl" in files:
+                mine.append(here)
+                dirs[:] = []  # checkpoints, wandb and caches below a run are not runs
+                continue
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("iter_"))
+        if not mine:
+            raise GridError(f"{top}: no run folder (config.json + metrics.jsonl) below it")
+        found += mine
+    return sorted(dict.fromkeys(os.path.abspath(f) for f in found))
+
+
+def read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            out = json.load(f)
+    except FileNotFoundError:
+        raise GridError(f"{path}: missing (a run folder needs config.json and metrics.jsonl)") from None
+    except (OSError, ValueError) as e:
+        raise GridError(f"{path}: unreadable ({e})") from None
+    if not isinstance(out, dict):
+        raise GridError(f"{path}: not a JSON object")
+    return out
+
+
+def read_metrics(path: str) -> List[dict]:
+    """The records of a metrics.jsonl; GridError naming file and line for a bad line (a last line cut short,
+    without its newline, is left out)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise GridError(f"{path}: missing (a run folder needs config.json and metrics.jsonl)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise GridError(f"{path}: unreadable ({e})") from None
+    lines = text.split("\n")
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines):  # no newline after it: being written, or cut by a crash
+                continue
+            raise GridError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise GridError(f"{path}: line {number} is not a metrics record (no integer 'step')")
+        out.append(record)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- status
+def squeue_states() -> Optional[Dict[str, str]]:
+    """{job id: state} of every job squeue lists ('123', '123_4' for array tasks, pending ranges expanded);
+    None when squeue is absent or does not answer."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    out = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        job, state = parts
+        m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job)
+        if not m:
+            out[job] = state
+            continue
+        for item in m.group(2).split("%")[0].split(","):
+            lo, _, hi = item.partition("-")
+            for task in range(int(lo), int(hi or lo) + 1):
+                out[f"{m.group(1)}_{task}"] = state
+    return out
+
+
+def process_alive(attempt: dict) -> Optional[bool]:
+    """Whether an attempt's process still runs: None when it ran on another host (cannot tell from here)."""
+    if not attempt or attempt.get("host") != socket.gethostname() or not attempt.get("pid"):
+        return None
+    try:
+        import psutil
+
+        proc = psutil.Process(int(attempt["pid"]))
+        start = attempt.get("process_start")
+        return start is None or abs(proc.create_time() - float(start)) < 1.0
+    except Exception:  # no such process (or psutil missing: treat as gone)
+        return False
+
+
+def run_status(records: List[dict], config: dict, alive: Optional[bool], slurm_state: Optional[str],
+               metrics_age_s: float, stale_s: float):
+    """(status, reason): complete / running / failed / stopped, from the last "end" line, the process or Slurm
+    job, and (when neither can be asked) how long ago metrics.jsonl changed."""
+    end = records[-1] if records and records[-1].get("event") == "end" else None
+    train_iters = config.get("train_iters")
+    last = max((r["step"] for r in records if "loss" in r), default=0)
+    if end is not None and end.get("status") == "complete":
+        return "complete", None
+    if end is None and train_iters and last >= train_iters and any("val_loss" in r for r in records) \
+            and alive is not True and slurm_state not in ACTIVE_SLURM:
+        return "complete", "no end line (written before the trainer recorded one)"
+    if alive or slurm_state in ACTIVE_SLURM:
+        return "running", f"Slurm {slurm_state}" if slurm_state else None
+    if end is not None:
+        return end.get("status") or "stopped", end.get("reason")
+    if alive is None and slurm_state is None and metrics_age_s < stale_s:
+        return "running", f"metrics.jsonl changed {metrics_age_s / 60:.0f} min ago (process not visible from here)"
+    return "failed", "no end line and no process: killed, out of memory or lost node"
+
+
+# ---------------------------------------------------------------------------------------------- one run
+def _median(values):
+    values = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(values) if values else None
+
+
+def _steady(rows: List[dict]) -> List[dict]:
+    return rows[1:] if len(rows) > 1 else rows
+
+
+def data_identity(config: dict) -> dict:
+    ident = config.get("data_identity") or {}
+    return dict(data=ident.get("data", config.get("data") or ("mock" if config.get("mock_data") else None)),
+                tokenizer=ident.get("tokenizer", config.get("tokenizer")),
+                tokenizer_vocab_size=ident.get("tokenizer_vocab_size", config.get("tokenizer_vocab_size")),
+                validation_set_id=ident.get("validation_set_id"),
+                split=None if ident.get("validation_set_id") else config.get("split"))
+
+
+def data_id(config: dict) -> str:
+    return hashlib.sha1(json.dumps(data_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+
+
+def eval_scores(folder: str) -> dict:
+    """{'eval:<task>': main metric, 'eval_avg:<suite>': mean} from tools/evaluate.py results.json files in a run
+    folder (any depth, checkpoints left out)."""
+    from megatron_sat.analysis.evaluation import MAIN_METRICS
+
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "**", "results.json"), recursive=True)):
+        if os.sep + "iter_" in path[len(folder):]:
+            continue
+        summary = read_json(path)
+        if "table" not in summary or "averages" not in summary:
+            continue  # not an evaluation output
+        for task in dict.fromkeys(r["task"] for r in summary["table"]):
+            rows = {r["metric"]: r["value"] for r in summary["table"] if r["task"] == task}
+            metric = next((m for m in MAIN_METRICS if m in rows), next(iter(rows), None))
+            if metric is not None:
+                out[f"eval:{task}"] = rows[metric]
+        for suite, avg in summary["averages"].items():
+            if suite != "all":
+                out[f"eval_avg:{suite}"] = avg["mean"]
+    return out
+
+
+def read_run(folder: str, slurm: Optional[Dict[str, str]] = None, stale_s: float = 3600.0) -> dict:
+    """One grid row (module docstring) plus 'curve': [(wall hours, validation loss)] for the figures."""
+    config = read_json(os.path.join(folder, "config.json"))
+    metrics_path = os.path.join(folder, "metrics.jsonl")
+    records = read_metrics(metrics_path)
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_loss" in r]
+    attempts = config.get("attempts") or []
+    attempt = attempts[-1] if attempts else {}
+    slurm_job = attempt.get("slurm_job")
+    slurm_state = (slurm or {}).get(slurm_job) if slurm_job else None
+    age = time.time() - os.path.getmtime(metrics_path)
+    status, reason = run_status(records, config, process_alive(attempt), slurm_state, age, stale_s)
+    world = config.get("world_size") or 1
+    seq = config.get("seq_length") or 0
+    step = max((r["step"] for r in train), default=0)
+    tokens = train[-1].get("consumed_samples", 0) * seq if train else 0
+    params = config.get("num_parameters")
+    non_emb = config.get("non_embedding_parameters")
+    if non_emb is None and params is not None and config.get("vocab_size") and config.get("hidden_size"):
+        non_emb = params - config["vocab_size"] * config["hidden_size"]
+    wall = next((r["wall_time_s"] for r in reversed(records) if "wall_time_s" in r), None)
+    steady = _steady(train)
+    tps = _median(r.get("tokens_per_s") for r in steady)
+    gpu_reserved = max((r["mem_gpu_reserved_gib"] for r in records if "mem_gpu_reserved_gib" in r), default=None)
+    gpu_alloc = max((r["mem_gpu_allocated_gib"] for r in records if "mem_gpu_allocated_gib" in r), default=None)
+    cpu_rss = max((r["mem_cpu_peak_rss_gib"] for r in records if "mem_cpu_peak_rss_gib" in r), default=None)
+    final = val[-1] if val else None
+    flops_tok = config.get("flops_per_token")
+    row = dict(
+        run=os.path.basename(folder), arch=config.get("arch"), scale=config.get("scale") or scale_name(config),
+        seed=config.get("seed"), status=status, step=step, train_iters=config.get("train_iters"), params=params,
+        non_embedding_params=non_emb, tokens=tokens, train_flops=None if flops_tok is None else flops_tok * tokens,
+        final_val_loss=final["val_loss"] if final else None, final_val_step=final["step"] if final else None,
+        best_val_loss=min((r["val_loss"] for r in val), default=None),
+        last_train_loss=train[-1]["loss"] if train else None,
+        tokens_per_s_per_gpu=None if tps is None else tps / world, mfu=_median(r.get("mfu") for r in steady),
+        step_time_s=_median(r.get("step_time_s") for r in steady),
+        wall_hours=None if wall is None else wall / 3600.0,
+        gpu_hours=None if wall is None else wall / 3600.0 * world,
+        peak_memory_gib=gpu_reserved if gpu_reserved is not None else cpu_rss,
+        peak_gpu_allocated_gib=gpu_alloc, peak_gpu_reserved_gib=gpu_reserved, peak_cpu_rss_gib=cpu_rss,
+        restarts=config.get("restarts", max(len(attempts) - 1, 0)), world_size=world, sweep=config.get("sweep"),
+        recipe=config.get("recipe"), data_id=data_id(config), slurm_job=slurm_job, slurm_state=slurm_state,
+        reason=reason, path=folder)
+    row.update(eval_scores(folder))
+    row["eta_s"] = (row["step_time_s"] * (row["train_iters"] - step)
+                    if status == "running" and row["step_time_s"] and row["train_iters"] else None)
+    row["curve"] = [(r["wall_time_s"] / 3600.0, r["val_loss"]) for r in val if "wall_time_s" in r]
+    row["data_identity"] = data_identity(config)
+    return row
+
+
+def read_runs(folders: Iterable[str], stale_s: float = 3600.0, progress=None) -> List[dict]:
+    paths = find_runs(folders)
+    slurm = squeue_states()
+    rows = []
+    for i, path in enumerate(paths, start=1):
+        if progress:
+            progress(f"reading {i}/{len(paths)}: {path}")
+        rows.append(read_run(path, slurm, stale_s))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_sweep_name(name: str) -> str:
+    if not SWEEP_NAME.fullmatch(name or ""):
+        raise ValueError(f"sweep name {name!r}: use letters, digits, '.', '_' or '-' (at most 64, e.g. ladder-2026)")
+    return name
+
+
+def record_sweep(folder: str, sweep: str, arrays: List[dict]) -> str:
+    """Add submitted job arrays to <folder>/<sweep>.json (tools/submit_grid.py --submit; a sweep submitted in
+    several calls grows): {"sweep", "arrays": [{"job", "manifest", "entries": [{recipe, arch, scale, seed,
+    run}]}]}. Returns its path."""
+    path = os.path.join(folder, f"{check_sweep_name(sweep)}.json")
+    record = read_json(path) if os.path.isfile(path) else dict(sweep=sweep, arrays=[])
+    record["arrays"] += arrays
+    record["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def sweep_records(folders: Iterable[str]) -> List[dict]:
+    """The sweeps tools/submit_grid.py recorded in <runs>/_grid/<sweep>.json below the folders."""
+    out = []
+    for top in folders:
+        for path in sorted(glob.glob(os.path.join(top, "**", "_grid", "*.json"), recursive=True)):
+            record = read_json(path)
+            if "sweep" in record and "arrays" in record:
+                out.append(record)
+    return out
+
+
+def pending_entries(sweeps: List[dict], rows: List[dict], slurm: Optional[Dict[str, str]]) -> List[dict]:
+    """Grid entries of the sweeps whose run folder does not exist yet (queued, or never started)."""
+    have = {r["run"] for r in rows}
+    out = []
+    for sweep in sweeps:
+        for array in sweep["arrays"]:
+            for task, entry in enumerate(array["entries"]):
+                if entry["run"] in have:
+                    continue
+                jobs = [f"{j}_{task}" for j in array.get("jobs") or [array.get("job")] if j]
+                states = [(j, (slurm or {}).get(j)) for j in jobs]
+                job, state = next(((j, st) for j, st in states if st in ACTIVE_SLURM), states[0] if states else (None, None))
+                status = "pending" if state in ACTIVE_SLURM else "not started"
+                out.append(dict(run=entry["run"], arch=entry.get("arch"), scale=entry.get("scale"),
+                                seed=entry.get("seed"), status=status, slurm_job=job, slurm_state=state,
+                                sweep=sweep["sweep"]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- output
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def grid_csv(rows: List[dict]) -> str:
+    """grid.csv: COLUMNS, then the eval columns found (sorted); floats written exactly (repr)."""
+    evals = sorted({k for r in rows for k in r if k.startswith(("eval:", "eval_avg:"))})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(COLUMNS + evals)
+    for r in rows:
+        writer.writerow([_cell(r.get(c)) for c in COLUMNS + evals])
+    return buf.getvalue()
+
+
+def _fmt_eta(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def status_table(rows: List[dict], pending: List[dict] = ()) -> str:
+    """--status: one line per run (and per queued entry): status, step / total, ETA, last loss, Slurm job."""
+    head = ["run", "arch", "scale", "seed", "status", "step", "ETA", "last loss", "val loss", "slurm job", "state"]
+    lines = []
+    for r in list(rows) + list(pending):
+        total = r.get("train_iters")
+        lines.append([r["run"], str(r.get("arch") or "-"), str(r.get("scale") or "-"), str(r.get("seed") or "-"),
+                      r["status"], f"{r.get('step', 0)}/{total or '?'}" if "step" in r else "-",
+                      _fmt_eta(r.get("eta_s")),
+                      f"{r['last_train_loss']:.4f}" if r.get("last_train_loss") is not None else "-",
+                      f"{r['final_val_loss']:.4f}" if r.get("final_val_loss") is not None else "-",
+                      r.get("slurm_job") or "-", r.get("slurm_state") or "-"])
+    widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
+    fmt = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
+    counts = {}
+    for r in list(rows) + list(pending):
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in lines] + [summary or "no runs"])

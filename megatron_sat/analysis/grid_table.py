@@ -1,0 +1,272 @@
+"""The paper's comparison of a sweep: grid rows (grid.py) -> cells, fits, multipliers (summarize) -> table.md.
+
+Cells are the complete runs of one arch x scale on the sweep's main data (the data identity most complete runs
+share: data path or blend, tokenizer, its vocabulary, the validation set's id): mean, sd and n over seeds of
+the final validation loss. Runs of an arch x scale on other data are flagged and summarised apart, never mixed
+in. Scales are ordered by their parameter count. Fits (scaling.py) use the cells' means: loss against the
+non-embedding parameters (Kaplan's N; --fit-params total for all parameters) and against the training FLOPs.
+"""
+
+import math
+import statistics
+from collections import Counter
+from typing import Dict, List
+
+from megatron_sat.analysis import scaling
+
+REFERENCES = ("transformer", "resformer")  # the differences the paper reports
+ARCH_ORDER = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
+
+
+def _arch_key(arch):
+    return (ARCH_ORDER.index(arch) if arch in ARCH_ORDER else len(ARCH_ORDER), arch)
+
+
+def _mean_sd(values):
+    values = [float(v) for v in values]
+    return (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None, len(values))
+
+
+def summarize(rows: List[dict], fit_params: str = "non_embedding_params", bootstrap: int = 300) -> dict:
+    """Everything table.md and fits.json show (JSON-able)."""
+    done = [r for r in rows if r["status"] == "complete" and r.get("final_val_loss") is not None]
+    main = Counter(r["data_id"] for r in done).most_common(1)[0][0] if done else None
+    used = [r for r in done if r["data_id"] == main]
+    apart = [r for r in done if r["data_id"] != main]
+    by_group: Dict[tuple, List[dict]] = {}
+    for r in used:
+        by_group.setdefault((r["arch"], r["scale"]), []).append(r)
+    size = {}
+    for (arch, scale), runs in by_group.items():
+        size.setdefault(scale, []).extend(r[fit_params] for r in runs if r.get(fit_params) is not None)
+    scales = sorted(size, key=lambda s: (statistics.median(size[s]) if size[s] else math.inf, s))
+    archs = sorted({a for a, _ in by_group}, key=_arch_key)
+    cells = {}
+    for (arch, scale), runs in by_group.items():
+        mean, sd, n = _mean_sd(r["final_val_loss"] for r in runs)
+        cells.setdefault(arch, {})[scale] = dict(
+            mean=mean, sd=sd, n=n, seeds=sorted(r["seed"] for r in runs), runs=[r["run"] for r in runs],
+            params=statistics.fmean(r[fit_params] for r in runs) if all(r.get(fit_params) for r in runs) else None,
+            flops=statistics.fmean(r["train_flops"] for r in runs) if all(r.get("train_flops") for r in runs) else None,
+            tokens_per_s_per_gpu=_mean_or_none(r.get("tokens_per_s_per_gpu") for r in runs),
+            peak_memory_gib=_mean_or_none(r.get("peak_memory_gib") for r in runs),
+            wall_hours=_mean_or_none(r.get("wall_hours") for r in runs),
+            evals={k: statistics.fmean(r[k] for r in runs if r.get(k) is not None)
+                   for k in sorted({k for r in runs for k in r if k.startswith(("eval:", "eval_avg:"))})})
+    # arch x scale groups whose complete runs used more than one data identity
+    conflicts = sorted(g for g in {(r["arch"], r["scale"]) for r in done}
+                       if len({r["data_id"] for r in done if (r["arch"], r["scale"]) == g}) > 1)
+    fits = {}
+    for arch in archs:
+        fits[arch] = {}
+        for key, what in (("params", "params"), ("flops", "flops")):
+            pts = {}
+            for scale in scales:
+                c = cells[arch].get(scale)
+                if c is None or c[what] is None:
+                    continue
+                runs = by_group[(arch, scale)]
+                pts.setdefault(c[what], []).extend(r["final_val_loss"] for r in runs)
+            try:
+                fits[arch][key] = scaling.fit_with_bootstrap(pts, samples=bootstrap)
+            except scaling.FitError as e:
+                fits[arch][key] = dict(error=str(e))
+    multiplier = _multipliers(cells, fits, archs, scales)
+    return dict(fit_params=fit_params, main_data_id=main,
+                main_data=next((r["data_identity"] for r in used), None), scales=scales, archs=archs, cells=cells,
+                fits=fits, multiplier=multiplier, conflicts=[list(c) for c in conflicts],
+                apart=[{k: r[k] for k in ("run", "arch", "scale", "seed", "data_id", "final_val_loss")} for r in apart],
+                apart_data={r["data_id"]: r["data_identity"] for r in apart},
+                not_complete=[{k: r.get(k) for k in ("run", "arch", "scale", "seed", "status", "step", "train_iters",
+                                                     "reason", "slurm_job", "slurm_state")}
+                              for r in rows if r not in done])
+
+
+def _mean_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _multipliers(cells, fits, archs, scales) -> dict:
+    ref = "transformer"
+    if ref not in cells:
+        return dict(note="no complete Transformer runs: no compute multiplier")
+    ref_points = [(c["flops"], c["mean"]) for c in cells[ref].values() if c["flops"]]
+    ref_fit = fits.get(ref, {}).get("flops", {})
+    out = {}
+    for arch in archs:
+        if arch == ref:
+            continue
+        per_scale, from_fits, spread = {}, {}, {}
+        for scale in scales:
+            c = cells[arch].get(scale)
+            if c is None or not c["flops"]:
+                continue
+            value, extrapolated = scaling.multiplier_measured(ref_points, c["mean"], c["flops"])
+            per_scale[scale] = None if value is None else dict(value=float(value), extrapolated=extrapolated)
+            fit = fits[arch].get("flops", {})
+            if "error" not in fit and "error" not in ref_fit and ref_fit:
+                from_fits[scale] = scaling.multiplier_from_fits(fit, ref_fit, c["flops"])
+                spread[scale] = scaling.multiplier_spread(fit, ref_fit, c["flops"])
+        out[arch] = dict(per_scale=per_scale, from_fits=from_fits, from_fits_sd=spread)
+    if "error" in ref_fit:
+        out["note"] = f"from the fits: none (Transformer: {ref_fit['error']})"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+def _num(x, spec=".4f"):
+    return "-" if x is None else ("inf" if isinstance(x, float) and math.isinf(x) else format(x, spec))
+
+
+def _count(n):
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def _table(head, lines):
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return out + ["| " + " | ".join(x) + " |" for x in lines]
+
+
+def _scale_head(summary, scale):
+    params = [c[scale]["params"] for c in summary["cells"].values() if scale in c and c[scale]["params"]]
+    return f"{scale} ({_count(statistics.median(params))})" if params else scale
+
+
+def markdown(summary: dict, title: str) -> str:
+    s, scales, archs, cells = summary, summary["scales"], summary["archs"], summary["cells"]
+    which = "non-embedding parameters" if s["fit_params"] == "non_embedding_params" else "parameters"
+    out = [f"# {title}", ""]
+    if s["conflicts"] or s["apart"]:
+        out += [f"**Warning:** {len(s['apart'])} complete run(s) used other data, tokenizer or validation set than "
+                f"the sweep's main data (id {s['main_data_id']}): kept apart below"
+                + (f"; mixed groups: {', '.join(f'{a} {sc}' for a, sc in s['conflicts'])}" if s["conflicts"] else ""),
+                ""]
+    if not archs:
+        out += ["No complete run yet.", ""]
+    else:
+        out += ["## Final validation loss", "",
+                f"Mean ± sd over seeds (n); columns: scale ({which}). Complete runs on the main data "
+                f"(id {s['main_data_id']}).", ""]
+        out += _table(["arch"] + [_scale_head(s, sc) for sc in scales],
+                      [[a] + [_cell(cells[a].get(sc)) for sc in scales] for a in archs])
+        for ref in (r for r in ("transformer", "resformer") if r in cells):
+            out += ["", f"## Difference to {'the Transformer' if ref == 'transformer' else 'ResFormer'}", "",
+                    f"arch minus {ref}, same scale (± the standard error of the difference when both have 2+ seeds; "
+                    "negative: lower loss).", ""]
+            out += _table(["arch"] + scales, [[a] + [_diff(cells[a].get(sc), cells[ref].get(sc)) for sc in scales]
+                                              for a in archs if a != ref])
+        out += _eval_tables(s)
+        out += _fit_tables(s, which)
+    if s["apart"]:
+        out += ["", "## Runs on other data (kept apart)", ""]
+        out += _table(["run", "arch", "scale", "seed", "data id", "final val loss"],
+                      [[r["run"], r["arch"], str(r["scale"]), str(r["seed"]), r["data_id"], _num(r["final_val_loss"])]
+                       for r in s["apart"]])
+        for key, ident in s["apart_data"].items():
+            out.append(f"\ndata {key}: {ident}")
+        out.append(f"\nmain data {s['main_data_id']}: {s['main_data']}")
+    if s["not_complete"]:
+        out += ["", "## Runs not complete (not in the tables above)", ""]
+        out += _table(["run", "arch", "scale", "seed", "status", "step", "reason", "slurm job"],
+                      [[r["run"], str(r["arch"]), str(r["scale"]), str(r["seed"]), r["status"],
+                        f"{r.get('step') if r.get('step') is not None else '-'}/{r.get('train_iters') or '?'}",
+                        (r.get("reason") or "").replace("|", "/"),
+                        f"{r['slurm_job']} {r.get('slurm_state') or ''}".strip() if r.get("slurm_job") else "-"]
+                       for r in s["not_complete"]])
+    return "\n".join(out) + "\n"
+
+
+def _cell(c):
+    if c is None:
+        return "-"
+    return f"{c['mean']:.4f}" + (f" ± {c['sd']:.4f}" if c["sd"] is not None else "") + f" ({c['n']})"
+
+
+def _diff(c, ref):
+    if c is None or ref is None:
+        return "-"
+    d = c["mean"] - ref["mean"]
+    if c["sd"] is not None and ref["sd"] is not None:
+        se = math.sqrt(c["sd"] ** 2 / c["n"] + ref["sd"] ** 2 / ref["n"])
+        return f"{d:+.4f} ± {se:.4f}"
+    return f"{d:+.4f}"
+
+
+def _eval_tables(s) -> List[str]:
+    from megatron_sat.analysis.evaluation import SUITES
+
+    keys = sorted({k for a in s["cells"].values() for c in a.values() for k in c["evals"]})
+    if not keys:
+        return []
+    out = []
+    for suite, tasks in SUITES.items():
+        cols = ([f"eval_avg:{suite}"] if f"eval_avg:{suite}" in keys else []) + [
+            f"eval:{t}" for t in tasks if f"eval:{t}" in keys]
+        if cols:
+            out += _eval_table(s, f"{suite} suite", cols)
+    others = [k for k in keys if k.startswith("eval:") and not any(k == f"eval:{t}" for ts in SUITES.values() for t in ts)]
+    if others:
+        out += _eval_table(s, "other tasks", others)
+    return out
+
+
+def _eval_table(s, name, cols) -> List[str]:
+    out = ["", f"## Evaluation: {name}", "", "Main metric per task (evaluation.MAIN_METRICS), mean over seeds; "
+           "the average column is tools/evaluate.py's suite average.", ""]
+    lines = []
+    for a in s["archs"]:
+        for sc in s["scales"]:
+            c = s["cells"][a].get(sc)
+            if c and any(k in c["evals"] for k in cols):
+                lines.append([a, sc] + [_num(c["evals"].get(k)) for k in cols])
+    return out + _table(["arch", "scale"] + [k.split(":", 1)[1] + (" (avg)" if k.startswith("eval_avg") else "")
+                                             for k in cols], lines)
+
+
+def _fit_tables(s, which) -> List[str]:
+    out = ["", "## Fits: L = E + A x^(-alpha)", "",
+           f"x = {which} (N) or training FLOPs (C), fitted to the per-scale means (scipy, bounded least squares); "
+           "± the bootstrap sd over seeds when a scale has 2 or more.", ""]
+    lines = []
+    for a in s["archs"]:
+        for key, label in (("params", "N"), ("flops", "C")):
+            f = s["fits"][a][key]
+            if "error" in f:
+                lines.append([a, label, f"no fit: {f['error']}", "", "", ""])
+                continue
+            bs = f.get("bootstrap") or {}
+            pm = lambda k: f" ± {bs[k]['sd']:.3g}" if k in bs else ""  # noqa: E731
+            lines.append([a, label, f"{f['E']:.4f}{pm('E')}", f"{f['A']:.4g}{pm('A')}",
+                          f"{f['alpha']:.4f}{pm('alpha')}", f"{f['rmse']:.2g}"
+                          + (f" (at bound: {', '.join(f['at_bound'])})" if f.get("at_bound") else "")])
+    out += _table(["arch", "x", "E", "A", "alpha", "rmse"], lines)
+    m = s["multiplier"]
+    out += ["", "## Compute multiplier against the Transformer", "",
+            "Transformer compute that reaches the arch's loss, divided by the arch's compute (> 1: the arch does "
+            "as well as a Transformer given that much more compute). Measured: the Transformer's mean (FLOPs, loss) "
+            "points interpolated in log-log (~: extrapolated beyond them). Fits: both FLOPs fits (± paired bootstrap "
+            "sd).", ""]
+    if "note" in m and len(m) == 1:
+        return out + [m["note"]]
+    lines = []
+    for a, v in m.items():
+        if a == "note":
+            continue
+        lines.append([a, "measured"] + [_mult(v["per_scale"].get(sc)) for sc in s["scales"]])
+        lines.append([a, "fits"] + [_num(v["from_fits"].get(sc), ".3f")
+                                    + (f" ± {v['from_fits_sd'][sc]:.3f}" if v["from_fits_sd"].get(sc) else "")
+                                    for sc in s["scales"]])
+    out += _table(["arch", "from"] + s["scales"], lines)
+    if "note" in m:
+        out += ["", m["note"]]
+    return out
+
+
+def _mult(v):
+    if v is None:
+        return "-"
+    return ("~" if v["extrapolated"] else "") + _num(v["value"], ".3f")
