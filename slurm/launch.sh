@@ -93,7 +93,7 @@ msat_train() {
     [ -n "$MSAT_WANDB_PROJECT" ] && extra+=(--wandb-project "$MSAT_WANDB_PROJECT" --wandb-exp-name "$RUN_NAME")
     echo "megatron-sat slurm: job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_TASK_ID:+ (array ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})}" \
          "restart ${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST:-?}, ${SLURM_NTASKS:-1} tasks, master $MASTER_ADDR:$MASTER_PORT"
-    echo "megatron-sat slurm: run $run_dir from step $start of $TRAIN_ITERS"
+    echo "megatron-sat slurm: run $run_dir from step $start of $TRAIN_ITERS${MSAT_SWEEP:+ (sweep $MSAT_SWEEP: wandb group, config.json)}"
     local cmd=("$MSAT_PYTHON" -m megatron_sat.train --recipe "$recipe" "$@" "${extra[@]}"
                --save "$run_dir" --load "$run_dir" --no-progress-bar)
     echo "megatron-sat slurm: srun ${cmd[*]}"

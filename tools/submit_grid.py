@@ -5,6 +5,11 @@
     python tools/submit_grid.py --scales 1.3B --segments 3 --time 08:00:00 --submit   # 3 chained jobs per array
     python tools/submit_grid.py --archs transformer,satformer --scales debug --submit -- --train-iters 10
     python tools/submit_grid.py --resolve satformer_760M -- --seed 2   # run name + steps (used by slurm/launch.sh)
+    python tools/submit_grid.py --archs transformer,satformer --scales ladder1,ladder2,ladder3 --sweep ladder --submit
+
+--sweep NAME names the sweep (default grid-<date>-<time>): its runs form one wandb group (MSAT_SWEEP in the
+jobs' environment), config.json records it, and <runs>/_grid/NAME.json lists its entries and job ids, so that
+`python tools/collect_grid.py <runs> --sweep NAME --out OUT` (or --status) reads it back.
 
 Everything after `--` is passed to the trainer (any `python -m megatron_sat.train` flag) for every entry.
 Entries with the same cluster shape (nodes, GPUs per node, time) go into one job array (slurm/array.sbatch
@@ -201,6 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--segments", type=int, default=1, help="chain N jobs per array with afterany dependencies")
     p.add_argument("--max-parallel", type=int, default=None, help="array throttle: at most K tasks at once")
     p.add_argument("--mfu", type=float, default=0.40)
+    p.add_argument("--sweep", default=None, help="the sweep's name (default grid-<date>-<time>): wandb group, "
+                                                  "collect_grid.py --sweep")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the table and sbatch lines (default)")
     mode.add_argument("--submit", action="store_true", help="write the manifests and submit")
@@ -228,14 +235,22 @@ def main(argv=None) -> int:
     runs_dir = site.get("MSAT_RUNS", "runs")
     manifest_dir = os.path.join(runs_dir if os.path.isabs(runs_dir) else os.path.join(ROOT, runs_dir), "_grid")
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    from megatron_sat.analysis.grid import check_sweep_name, record_sweep
+
+    try:
+        sweep = check_sweep_name(opts.sweep or f"grid-{stamp}")
+    except ValueError as e:
+        print(f"error: --sweep: {e}", file=sys.stderr)
+        return 2
+    submitted = []
     print(f"\n# site settings: {site_file}; run from {ROOT}")
     logs = site.get("MSAT_LOGS", "logs")
     if opts.submit:
         os.makedirs(manifest_dir, exist_ok=True)
         os.makedirs(logs if os.path.isabs(logs) else os.path.join(ROOT, logs), exist_ok=True)
-    env = dict(os.environ, MSAT_REPO=ROOT, MSAT_SITE=site_file)
+    env = dict(os.environ, MSAT_REPO=ROOT, MSAT_SITE=site_file, MSAT_SWEEP=sweep)
     for i, (key, members) in enumerate(groups.items()):
-        manifest = os.path.join(manifest_dir, f"grid-{key[0]}-{stamp}-{i}.txt")
+        manifest = os.path.join(manifest_dir, f"{sweep}-{key[0]}-{stamp}-{i}.txt")
         lines = [shlex.join([r["recipe"], *r["flags"]]) for r in members]
         if opts.submit:
             with open(manifest, "w") as f:
@@ -254,11 +269,22 @@ def main(argv=None) -> int:
                                    "sbatch", *cmd], cwd=ROOT, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"error: sbatch failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
+                if submitted:
+                    record_sweep(manifest_dir, sweep, submitted)
                 return 1
             previous = proc.stdout.strip().split(";")[0]
+            if segment == 0:
+                submitted.append(dict(job=previous, jobs=[previous], manifest=manifest, entries=[
+                    {k: r[k] for k in ("recipe", "arch", "scale", "seed")} | {"run": r["name"]} for r in members]))
+            else:
+                submitted[-1]["jobs"].append(previous)
             print(f"submitted array job {previous}: {len(members)} task(s) {key[0]}"
                   f"{f' segment {segment + 1}/{opts.segments}' if opts.segments > 1 else ''} -> "
                   f"logs {os.path.join(logs, f'msat-{key[0]}-{previous}_<task>.out')}")
+    if submitted:
+        path = record_sweep(manifest_dir, sweep, submitted)
+        print(f"sweep {sweep}: {path}\n  status:  python tools/collect_grid.py {runs_dir} --sweep {sweep} --status"
+              f"\n  results: python tools/collect_grid.py {runs_dir} --sweep {sweep} --out OUT")
     return 0
 
 
