@@ -1,5 +1,5 @@
 # megatron-sat developer targets.  `make venv` builds .venv (fast on re-runs: a stamp file), `make test` runs the
-# test suite, `make demo` runs the demo recipe, `make clean` removes build outputs.
+# linter (`make lint`, ruff, a second) and the test suite, `make demo` runs the demo recipe, `make clean` removes build outputs.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -21,7 +21,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
 REQS := requirements/base.txt requirements/hf.txt requirements/train.txt requirements/eval.txt requirements/dev.txt
 
-.PHONY: venv test demo clean
+.PHONY: venv test lint demo clean
 
 venv: $(STAMP)
 
@@ -37,16 +37,14 @@ $(STAMP): setup.py constraints.txt Makefile $(REQS)
 	$(VPY) -W ignore -c "import torch, megatron.core, megatron_sat; print('torch', torch.__version__, '| megatron-core', megatron.core.__version__)"
 	@touch $(STAMP)
 
-test: venv
+lint: venv
+	$(VPY) -m ruff check .
+
+test: venv lint
 	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) tests $(PYTEST_ARGS)
 
 demo: venv
-	@if [ -f megatron_sat/train.py ]; then \
-		$(VPY) -m megatron_sat.train --recipe demo; \
-	else \
-		echo "megatron_sat/train.py not there yet: running the CPU smoke test instead"; \
-		$(VPY) -m megatron_sat.compat.smoke; \
-	fi
+	$(VPY) -m megatron_sat.train --recipe demo
 
 clean:
 	rm -rf build dist *.egg-info .eggs .pytest_cache .torch_extensions

@@ -15,8 +15,8 @@ Building blocks, meant to be combined by later recipes (e.g. the paper's scaling
 from functools import partial
 from typing import Callable, Dict
 
+from megatron_sat.archs import ARCHS  # import-free: no megatron
 from megatron_sat.model.sizes import PAPER_SCALES
-from megatron_sat.training.arguments import ARCHS  # import-free: no megatron
 
 RECIPES: Dict[str, Callable[[], dict]] = {}
 
@@ -85,7 +85,7 @@ def demo() -> dict:
     return dict(**base(lr=3e-3), **model("satformer", "demo"), embedded_data="runs/demo/data",
                 vocab_size=4096, seq_length=128, micro_batch_size=8, global_batch_size=32,
                 train_iters=400, lr_warmup_iters=40, log_interval=10, eval_interval=100, eval_iters=4,
-                save_interval=200, save="runs/demo")
+                save_interval=200, save="runs/demo", load="runs/demo")  # a rerun resumes, or says it is done
 
 
 def _register_submodules() -> None:

@@ -37,7 +37,7 @@ uses selective), and HF conversion does not support them.
 
 Cluster layout: every recipe has a default `CLUSTERS[scale]` (nodes, GPUs per node, GPU kind, a time limit per
 job) next to its TP/PP/micro-batch settings (trainer flags in the recipe itself). The layouts were checked with
-megatron_sat.parallel.planner (memory estimate per H100 80 GB, the baselines' extra activations included; those
+megatron_sat.training.planner (memory estimate per H100 80 GB, the baselines' extra activations included; those
 formulas match the bytes autograd saves on CPU, not yet measured on a GPU). Where a baseline does not fit the
 scale's layout, ARCH_LAYOUTS gives it a smaller micro-batch with the same global batch (more accumulation, same
 tokens per step): Hyper-Connections at 1.3B runs micro-batch 2. Command-line flags override both:
@@ -49,12 +49,10 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Optional
 
+from megatron_sat.archs import ARCHS  # every arch has a recipe at every scale
+from megatron_sat.model.sizes import PAPER_SCALES, PAPER_SEQ_LENGTH, PAPER_VOCAB
 from recipes import RECIPES, base, register
 
-from megatron_sat.model.sizes import PAPER_SCALES, PAPER_SEQ_LENGTH, PAPER_VOCAB
-
-# = megatron_sat.model.config.ARCHS (tests check it): every arch has a recipe at every scale
-ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 # the baselines' switches, as in the authors' configs (trainer argument dests; equal to the defaults, set here
 # so that a recipe states what it runs)
 ARCH_OPTIONS = {
@@ -136,7 +134,10 @@ def paper(arch: str, scale: str) -> dict:
                seq_length=SEQ_LENGTH, global_batch_size=GLOBAL_BATCH, vocab_size=PAPER_VOCAB,
                train_iters=steps(sched.tokens), lr_warmup_iters=round(sched.warmup_tokens / tokens_per_step),
                rotary_base=10000, recompute_granularity="selective",
-               log_interval=10, eval_interval=250, eval_iters=10, save_interval=250)
+               log_interval=10, eval_interval=250, eval_iters=10, save_interval=250,
+               # keep every 2500th checkpoint and the newest (a 1.3B run, ~18 GB a checkpoint: 7 of 57 kept,
+               # ~130 GB instead of ~1 TB)
+               save_retain_interval=2500)
     return out
 
 

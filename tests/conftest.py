@@ -17,7 +17,6 @@ if _HERE not in sys.path:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
-    config.addinivalue_line("markers", "slow: slow test")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -228,8 +228,8 @@ def _failure_message(tmp, rank, reason, logs):
     parts = [f"rank {rank} failed ({reason})"]
     if os.path.exists(tb_path):
         with open(tb_path) as f:
-            parts.append("---- traceback (rank %d) ----\n%s" % (rank, f.read()))
-    parts.append("---- output tail (rank %d) ----\n%s" % (rank, _tail(os.path.join(tmp, f"rank{rank}.log"))))
+            parts.append(f"---- traceback (rank {rank}) ----\n{f.read()}")
+    parts.append(f"---- output tail (rank {rank}) ----\n{_tail(os.path.join(tmp, f'rank{rank}.log'))}")
     return "\n".join(parts)
 
 

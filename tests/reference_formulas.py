@@ -169,9 +169,9 @@ def hyperconnections_decoder(w, cfg, x):
     for i in range(1, cfg["num_layers"] + 1):
         p = f"decoder.layers.{i - 1}."
         H = hyper_connection(w, p + "attention_hc.", H,
-                             lambda z: attention(w, p, rms(z, w[p + "input_layernorm.weight"]), cfg), dynamic)
+                             lambda z, p=p: attention(w, p, rms(z, w[p + "input_layernorm.weight"]), cfg), dynamic)
         H = hyper_connection(w, p + "mlp_hc.", H,
-                             lambda z: mlp(w, p, rms(z, w[p + "pre_mlp_layernorm.weight"])), dynamic)
+                             lambda z, p=p: mlp(w, p, rms(z, w[p + "pre_mlp_layernorm.weight"])), dynamic)
     return H.sum(2)
 
 

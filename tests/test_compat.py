@@ -19,7 +19,6 @@ import time
 
 import pytest
 import torch
-
 from dist_utils import DistributedTestError, init_megatron, run_distributed
 
 VOCAB, SEQ, MBS, HIDDEN, HEADS, LAYERS = 64, 8, 2, 32, 4, 2
@@ -84,7 +83,7 @@ def _failing_worker(bad_rank):
     import torch.distributed as dist
 
     if dist.get_rank() == bad_rank:
-        raise ValueError("deliberate failure in rank %d" % bad_rank)
+        raise ValueError(f"deliberate failure in rank {bad_rank}")
     dist.barrier()  # the good rank blocks here until run_distributed kills it
     return dist.get_rank()
 
@@ -215,9 +214,9 @@ def _worker(ckpt_dir):
         _load_tp_slices(m, ref_state, 0, 1)
         torch.manual_seed(5)
         tensor_parallel.model_parallel_cuda_manual_seed(5, force_reset_rng=True)
-        l = _loss(m, batch)
-        l.backward()
-        recompute_results.append((l.detach(), _grads(m)))
+        loss = _loss(m, batch)
+        loss.backward()
+        recompute_results.append((loss.detach(), _grads(m)))
     _assert_close(recompute_results[1][0], recompute_results[0][0], "recompute loss", atol=0, rtol=0)
     assert not torch.allclose(recompute_results[0][0], ref_loss), "dropout had no effect"
     for n, g in recompute_results[0][1].items():
@@ -364,9 +363,9 @@ def _worker(ckpt_dir):
     local.zero_grad(set_to_none=True)
     ref_losses = []
     for mb in mbs:
-        l = _loss(local, mb)
-        (l / len(mbs)).backward()
-        ref_losses.append(l.detach())
+        loss = _loss(local, mb)
+        (loss / len(mbs)).backward()
+        ref_losses.append(loss.detach())
     local_grads = _grads(local)
     if pp_rank == 1:
         assert len(losses) == len(mbs)

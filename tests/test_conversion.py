@@ -19,7 +19,6 @@ import sys
 
 import pytest
 import torch
-
 from dist_utils import run_distributed
 
 HERE = os.path.dirname(os.path.abspath(__file__))

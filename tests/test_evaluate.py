@@ -6,7 +6,8 @@ A tiny SATFormer export (random weights, written with the converter's own writer
 tokenizer) is evaluated by lm-eval 0.4.13 on the local tasks in tests/data/eval/ (a multiple-choice
 loglikelihood task and a generate_until task over tiny.jsonl); the accuracy is recomputed here
 from the model's logits. The bundled based_* recall tasks are checked for their protocol, and one of
-them runs on tiny_recall.jsonl, its `contains` score recomputed from the model's greedy generations. Skipped when lm-eval is not installed (pip install "lm-eval[hf]==0.4.13").
+them runs on tiny_recall.jsonl, its `contains` score recomputed from the model's greedy generations. Skipped when lm-eval
+is not installed (pip install "lm-eval[hf]==0.4.13").
 """
 
 import json
@@ -57,7 +58,8 @@ def test_evaluate_cli_offline(export, tmp_path):
     r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "evaluate.py"), "--model", export,
                         "--tasks", "megatron_sat_tiny_mc", "megatron_sat_tiny_gen", "no_such_task", "--skip-missing",
                         "--include-path", TASKS, "--device", "cpu", "--batch-size", "2", "--output", str(out)],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"), timeout=600, cwd="/")
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"),
+                       timeout=600, cwd="/")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.load(open(out / "results.json"))
     assert summary["skipped"] == ["no_such_task"]

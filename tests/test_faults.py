@@ -205,12 +205,19 @@ def test_a_run_without_its_tracker_is_resumed_not_restarted(runs, tmp_path):
     assert "nothing to do" in log and "iter_0000016" in log
     assert (d / "metrics.jsonl").read_bytes() == before  # no duplicate validation line, nothing rewritten
     assert iter_dirs(d) == ["iter_0000004", "iter_0000008", "iter_0000012", "iter_0000016"]
+    for text, message in (("abc", "holds 'abc', not an iteration; complete checkpoints there: 4, 8, 12, 16"),
+                          ("30", "names iteration 30 but")):
+        (d / "latest_checkpointed_iteration.txt").write_text(text)
+        log = train(*BASE, "--save", d, "--load", d, expect=2)
+        assert message in log and "Traceback" not in log, log[-2000:]
 
 
 def test_save_over_another_run_and_another_shape_are_refused(runs, tmp_path):
     d = _copy_run(runs, tmp_path)
     log = train(*BASE, "--save", d, expect=2)
     assert f"--save {d} already holds a run's checkpoints: resume it with --load {d}" in log
+    log = train(*BASE, "--save", d / "config.json", expect=2)
+    assert "is a file, not a folder" in log
     log = train(*BASE, "--save", tmp_path / "new", "--load", d, "--num-layers", "2", "--hidden-size", "128",
                 "--arch", "transformer", expect=2)
     line = next(line for line in log.splitlines() if "error:" in line)

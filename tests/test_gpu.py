@@ -9,7 +9,6 @@ step benchmark.
 
 import pytest
 import torch
-
 from dist_utils import init_megatron, run_distributed
 
 pytestmark = pytest.mark.gpu

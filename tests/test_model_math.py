@@ -31,7 +31,6 @@ import math
 
 import pytest
 import torch
-
 from dist_utils import init_megatron, run_distributed
 from reference_formulas import GATES, reference_logits
 
@@ -101,7 +100,8 @@ def _init_differences(name, cfg, params, transformer):
     n_hc = cfg.get("hc_expansion_rate", 4)
     for key, t in transformer.items():  # the weights every arch shares with the Transformer
         # MUDDFormer's FFN widths differ from layer 1 on, so Megatron's init stream diverges after layer 1's attention
-        if key not in params or arch == "muddformer" and ("mlp." in key or not key.startswith(("embedding.", "decoder.layers.0."))):
+        if key not in params or arch == "muddformer" and (
+                "mlp." in key or not key.startswith(("embedding.", "decoder.layers.0."))):
             continue
         scaled = arch == "hyperconnections" and key.endswith(("linear_proj.weight", "linear_fc2.weight"))
         if not torch.equal(params[key], t / math.sqrt(n_hc) if scaled else t):
@@ -171,7 +171,7 @@ def _worker():
         results[name + "/init"] = _init_differences(name, cfg, init, transformer_init)
         g = torch.Generator().manual_seed(SEED)
         with torch.no_grad():
-            for pname, p in model.named_parameters():
+            for p in model.parameters():
                 p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
         pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)

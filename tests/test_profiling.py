@@ -128,7 +128,7 @@ def _tool():
 @pytest.mark.parametrize("argv, message", [
     (["--archs", "transformer", "hyper_connections"], "did you mean hyperconnections?"),
     (["--archs", "transformer", "denseformer", "--recompute", "full"],
-     "full recompute is not supported for denseformer"),
+     "--recompute full is not supported for --arch denseformer"),
     (["--archs", "transformer", "gpt5"], "unknown arch"),
     (["--archs", "satformer", "resformer"], "--baseline transformer must be one of --archs"),
     (["--archs", "transformer", "transformer"], "twice"),

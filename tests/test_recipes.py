@@ -1,4 +1,4 @@
-"""The paper-grid recipes (recipes/paper.py), the layout planner (megatron_sat/parallel/planner.py) and the
+"""The paper-grid recipes (recipes/paper.py), the layout planner (megatron_sat/training/planner.py) and the
 Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py), no cluster needed.
 
     .venv/bin/python -m pytest -q tests/test_recipes.py        # about a minute on 2 cores
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from megatron_sat.parallel.planner import estimate_memory, load_recipes, plan_recipe
 from megatron_sat.training.arguments import build_parser, parse_args
+from megatron_sat.training.planner import estimate_memory, load_recipes, plan_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 recipes = load_recipes()
@@ -32,10 +32,8 @@ ALL_ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer
 
 def test_grid_is_registered_with_trainer_arguments_only():
     from megatron_sat.model import config
-    from megatron_sat.training import arguments
 
-    assert paper.ARCHS == ALL_ARCHS == config.ARCHS == arguments.ARCHS  # every arch has the whole grid
-    assert (arguments.DENSE_ARCHS, arguments.GATES) == (config.DENSE_ARCHS, config.GATES)  # import-free copies
+    assert paper.ARCHS == ALL_ARCHS == config.ARCHS  # every arch has the whole grid (megatron_sat/archs.py)
     assert paper.GRID == [f"{a}_{s}" for s in ("130M", "340M", "760M", "1.3B") for a in ALL_ARCHS]
     assert len(paper.GRID) == 24
     dests = {a.dest for a in build_parser()._actions}

@@ -20,7 +20,6 @@ import sys
 import time
 
 import pytest
-
 import train_cli
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 

@@ -5,10 +5,9 @@ import types
 
 import pytest
 
-from megatron_sat.profiling.flops import PEAK_TFLOPS, flops_breakdown, flops_per_token, peak_flops_per_device
-from megatron_sat.training.arguments import _recipes, build_parser, parse_args, validate_args
-
-recipes = _recipes()  # the repository's recipes/ package
+import recipes  # the repository's recipes/ package
+from megatron_sat.model.flops import PEAK_TFLOPS, flops_breakdown, flops_per_token, peak_flops_per_device
+from megatron_sat.training.arguments import build_parser, parse_args, validate_args
 
 
 def _cfg(arch, **kw):

@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     from megatron_sat.outputs import check_output
 
     try:
-        check_output("--output", args.output, {"--model": args.model, **{"--data": d for d in args.data}})
+        for flag, path in [("--model", args.model)] + [("--data", d) for d in args.data]:
+            check_output("--output", args.output, {flag: path})
     except ValueError as e:
         p.error(str(e))
 

@@ -50,12 +50,10 @@ def main():
 
     compat.ensure_cpu_compat()
     from megatron_sat.parallel.layout import Layout, initialize
+    from megatron_sat.parallel.process_group import init_from_env
     from megatron_sat.profiling import step_benchmark
 
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        torch.distributed.init_process_group(compat.dist_backend(), rank=0, world_size=1)
+    init_from_env(single_only=True)
     initialize(Layout())
     sizes = dict(PAPER_SCALES[args.scale]) if args.scale else dict(
         num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,

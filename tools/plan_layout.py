@@ -9,7 +9,7 @@ Any trainer flag (python -m megatron_sat.train --help) overrides the recipe; --n
 override its default cluster (recipes/paper.py CLUSTERS). Exit status 1 when a plan is invalid (a divisibility
 error, an inconsistent batch, or more memory than the GPU has).
 
-The memory model (megatron_sat/parallel/planner.py) counts the Llama block, V1, the logits and the baselines'
+The memory model (megatron_sat/training/planner.py) counts the Llama block, V1, the logits and the baselines'
 extra activations ("connections": Hyper-Connections' n residual streams, DenseFormer's kept layer outputs,
 MUDDFormer's streams, weighted sums and dynamic weights, their pipeline messages and history gradients).
 The baselines' formulas match the bytes autograd saves on CPU (tests/test_recipes.py); on a GPU they assume
@@ -25,9 +25,8 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.parallel.planner import (  # noqa: E402
-    DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args)
 from megatron_sat.training.arguments import arch_errors  # noqa: E402
+from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args  # noqa: E402
 
 # what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
 BASELINE_MEMORY_NOTES = {

@@ -20,7 +20,7 @@ measured steps. Machine drift is cancelled by alternation:
   --mode shared: all archs in one launch, alternating every step (tighter timing; GPU memory is
                  each arch's resident bytes + its transient peak, CPU RSS is not separable).
 Per arch: tokens/s per GPU, step time (median, min, max), MFU (analytic FLOPs, megatron_sat/
-profiling/flops.py; on CPU only with --peak-tflops), peak memory, saved activations per micro-batch,
+model/flops.py; on CPU only with --peak-tflops), peak memory, saved activations per micro-batch,
 pipeline bytes per micro-batch (PP > 1, counted in the communicator) and every figure's ratio to
 the baseline; with satformer in --archs also SATFormer's throughput and memory against every other arch
 (the form of the paper's claims: 1.75x / 1.82x the throughput of Hyper-Connections / MUDDFormer at 760M,
@@ -41,13 +41,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_sat.training.arguments import ARCHS, DENSE_ARCHS  # noqa: E402  (import-free: no megatron here)
+from megatron_sat.archs import ARCHS, arch_errors  # noqa: E402  (import-free: no megatron here)
+from megatron_sat.training.arguments import MODEL_CONFIG_KEYS  # noqa: E402
 
 ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
            "mudd": "muddformer", "dwa": "denseformer"}  # other spellings of the baselines, for a hint
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
-ARCH_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas", "hc_expansion_rate", "hc_dynamic",
-             "muddformer_param_realloc")
 
 
 def _job_world() -> int:
@@ -192,9 +191,9 @@ def _resolve(args, parser) -> dict:
     if args.mode == "per-arch" and env_world:
         errors.append("--mode per-arch launches its own processes: run it outside torchrun/srun (with --nproc)")
     recompute = args.recompute or base.get("recompute_granularity") or "none"
-    dense = [a for a in args.archs if a in DENSE_ARCHS]
-    if recompute == "full" and dense:
-        errors.append(f"full recompute is not supported for {', '.join(dense)}: use --recompute selective")
+    for arch in args.archs:  # what an arch refuses (megatron_sat/archs.py), with the tool's flag names
+        errors += [e.replace("--recompute-granularity", "--recompute") for e in
+                   arch_errors(arch, recompute_granularity=None if recompute == "none" else recompute)]
     if errors:
         parser.error("\n  ".join(["invalid settings:"] + errors))
     rec = {} if recompute == "none" else (dict(recompute_granularity="selective") if recompute == "selective" else
@@ -202,7 +201,7 @@ def _resolve(args, parser) -> dict:
                                                recompute_num_layers=base.get("recompute_num_layers", 1)))
     return dict(
         archs=list(args.archs), baseline=args.baseline, source=source, sizes=s,
-        arch_options={k: base[k] for k in ARCH_KEYS if base.get(k) is not None},
+        arch_options={k: base[k] for k in MODEL_CONFIG_KEYS if base.get(k) is not None},
         seq_length=seq, micro_batch_size=mbs, global_batch_size=gbs, vocab_size=vocab,
         layout=dict(tp=tp, pp=pp, vpp=vpp, sp=sp), world_size=world, recompute=rec,
         precision=args.precision or ({True: "bf16", False: "fp32"}.get(base.get("bf16"))),
@@ -259,10 +258,10 @@ def _in_job(spec: dict):
     from megatron_sat import compat
 
     compat.ensure_cpu_compat()
+    from megatron_sat.parallel.process_group import init_from_env
     from megatron_sat.profiling import throughput
-    from megatron_sat.training.trainer import init_distributed
 
-    init_distributed()
+    init_from_env()
     rank = torch.distributed.get_rank()
     try:
         record = throughput.run(spec, (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None))
@@ -330,7 +329,7 @@ def _report(settings: dict, records: list) -> int:
 def _peak_flops(settings, device):
     if settings.get("peak_tflops"):
         return settings["peak_tflops"] * 1e12
-    from megatron_sat.profiling.flops import PEAK_TFLOPS
+    from megatron_sat.model.flops import PEAK_TFLOPS
 
     return next((t * 1e12 for k, t in PEAK_TFLOPS.items() if k in device), None)
 

@@ -19,7 +19,7 @@ before, with self-requeue off (for clusters that forbid requeue or cap restarts)
 
 Site settings (account, partition, logs and runs folders, GPUs or not): slurm/site.sh, or the file named
 by $MSAT_SITE. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
-GPU hours come from the FLOPs count (megatron_sat.profiling.flops: 3 x forward, attention included) at an
+GPU hours come from the FLOPs count (megatron_sat.model.flops: 3 x forward, attention included) at an
 assumed MFU (--mfu, default 0.40).
 """
 
@@ -44,12 +44,14 @@ NAME_IGNORES = {
     "num_virtual_stages_per_pipeline_rank", "sequence_parallel", "use_distributed_optimizer", "overlap_grad_reduce",
     "micro_batch_size", "recompute_granularity", "recompute_num_layers", "data_cache_path", "bf16",
     "debug_inject_nan_at_step", "data_path", "tokenizer_model", "split",
+    "save_retain_interval", "async_save", "verify_checkpoint", "ckpt_fallback", "allow_tokenizer_mismatch",
+    "debug_save_delay", "debug_fail_save_at",
 }
 NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
 
 
 def _recipes():
-    from megatron_sat.parallel.planner import load_recipes
+    from megatron_sat.training.planner import load_recipes
 
     return load_recipes()
 
@@ -57,12 +59,10 @@ def _recipes():
 def resolve(recipe: str, overrides=()):
     """(trainer args Namespace, run name) for a recipe + trainer flags, with the trainer's own parser."""
     recipes = _recipes()
-    from megatron_sat.training.arguments import build_parser
+    from megatron_sat.training.arguments import build_parser, recipe_args
 
-    parser = build_parser()
-    defaults = {a.dest: a.default for a in parser._actions}
-    parser.set_defaults(**recipes.get(recipe))
-    args = parser.parse_args(["--recipe", recipe, *overrides])
+    defaults = {a.dest: a.default for a in build_parser()._actions}
+    args = recipe_args(recipe, overrides)
     rest = {k: v for k, v in sorted(vars(args).items())
             if k not in NAME_IGNORES and k not in NAMED and v != recipes.get(recipe).get(k, defaults.get(k))}
     name = (f"{recipe}_lr{args.lr:g}_gbs{args.global_batch_size}_seq{args.seq_length}"
@@ -113,7 +113,7 @@ def _entries(archs, scales, seeds):
 
 
 def _tokens(n):
-    from megatron_sat.parallel.planner import _tokens as fmt
+    from megatron_sat.training.planner import _tokens as fmt
 
     return fmt(n)
 
@@ -124,8 +124,8 @@ def _hours(h):
 
 def build(opts, trainer_flags):
     """Grid entries with plans and run names, and the array groups."""
-    from megatron_sat.parallel.planner import make_plan
     from megatron_sat.training.arguments import arch_errors
+    from megatron_sat.training.planner import make_plan
 
     rows = []
     for e in _entries(opts.archs, opts.scales, opts.seeds):
@@ -147,7 +147,7 @@ def build(opts, trainer_flags):
 
 
 def table(rows) -> str:
-    from megatron_sat.training.arguments import BASELINE_ARCHS
+    from megatron_sat.archs import BASELINES
 
     head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
             "run folder"]
@@ -165,7 +165,7 @@ def table(rows) -> str:
     total = sum(r["plan"].gpu_hours or 0 for r in rows)
     out.append(f"{len(rows)} run(s), {total:,.0f} GPU hours in all (at {100 * rows[0]['plan'].mfu:.0f}% MFU)"
                if rows else "no runs")
-    baselines = sorted({r["arch"] for r in rows if r["arch"] in BASELINE_ARCHS})
+    baselines = sorted({r["arch"] for r in rows if r["arch"] in BASELINES})
     if baselines:
         out.append(f"note: mem GiB counts the extra activations of {', '.join(baselines)} as checked on CPU, "
                    "not yet measured on a GPU (see tools/plan_layout.py --recipe NAME)")

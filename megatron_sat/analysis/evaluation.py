@@ -56,7 +56,7 @@ def local_task_configs(include_paths: Sequence[str]) -> Dict[str, dict]:
             files = (cfg.get("dataset_kwargs") or {}).get("data_files")
             if files is not None:
                 base = os.path.dirname(os.path.abspath(path))
-                fix = lambda p: p if os.path.isabs(p) or "://" in p else os.path.join(base, p)  # noqa: E731
+                fix = lambda p, base=base: p if os.path.isabs(p) or "://" in p else os.path.join(base, p)  # noqa: E731
                 if isinstance(files, str):
                     files = fix(files)
                 elif isinstance(files, list):

@@ -57,16 +57,8 @@ P8  ``torch.Tensor.cuda`` (process-wide, the only global patch) -> returns the t
     it for tied embeddings with PP>1, ``tensor_parallel.broadcast_data``, checkpoint exchange and optimizer
     state reloads.
 
-P9  ``DistributedOptimizer`` running torch's Adam/AdamW (megatron's fallback when neither Apex nor TE is present,
-    i.e. always on CPU) cannot resume from a checkpoint in megatron-core 0.19.2; three fixes, in its methods:
-    (a) ``sharded_state_dict(is_loading=True)`` on a fresh optimizer: its ``state_dict()`` asserts that every
-    (still empty) parameter state has a ``step``. The states are made first (megatron's own ``init_state_fn``)
-    with ``step`` 0; the loaded checkpoint then overwrites all of them. (b) the fully reshardable load skips the
-    saved ``step`` (it is restored from the parameter groups), then copies every state tensor it finds, ``step``
-    included, from what it skipped (KeyError): each parameter's own ``step`` is passed along. (c) that restore
-    gives every parameter the same ``step`` tensor, which torch's Adam then increments once per parameter per
-    step, so the resumed run's bias correction is wrong (seen: a different loss at the first resumed step);
-    after loading, each parameter gets its own copy. With these, a distributed-optimizer run resumes exactly.
+(The distributed optimizer's resume with torch's Adam, a megatron-core bug rather than a CPU matter, is mended
+for CPU and GPU alike in megatron_sat/training/optimizer_resume.py.)
 
 Checked and deliberately not patched: ``torch.cuda.current_device`` & co. outside megatron.core (only megatron's
 view, P1, changes); ``transformer.module._FLOAT_TYPES`` (already includes ``torch.FloatTensor``); megatron's
@@ -79,8 +71,7 @@ the real module (none is on the CPU paths tested); TransformerEngine and Apex co
 Verified by tests/test_compat.py (one 2-rank gloo launch): initialize_model_parallel + RNG tracker, GPTModel
 fwd/bwd, recompute with dropout, TP=2 (with and without sequence parallel) == TP=1, DDP DP=2 +
 finalize_model_grads, get_megatron_optimizer with clip_grad (exact SGD check) and with the distributed
-optimizer (== plain), dist_checkpointing torch_dist save/load incl. TP=2 -> TP=1, PP=2 schedule == PP=1; P9 by
-tests/test_train_run.py (a DP2 distributed-optimizer run resumed at DP1 equals the plain optimizer's run).
+optimizer (== plain), dist_checkpointing torch_dist save/load incl. TP=2 -> TP=1, PP=2 schedule == PP=1.
 
 Public API: :func:`ensure_cpu_compat`, :func:`device`, :func:`dist_backend`, :func:`is_cpu_mode`.
 """
@@ -97,6 +88,7 @@ import sys
 import textwrap
 import threading
 import types
+import warnings
 
 import torch
 
@@ -426,7 +418,7 @@ def _patch_random(mod) -> None:
         @contextlib.contextmanager
         def fork(self, name=default_name):
             if name not in self.states_:
-                raise Exception("cuda rng state {} is not added".format(name))
+                raise Exception(f"cuda rng state {name} is not added")
             orig_state = _cpu_get_rng_state()
             orig_state_name = self._current_state_name
             if orig_state_name != "default-rng":
@@ -515,47 +507,6 @@ def _patch_method(cls, name, mod):
 
 def _patch_distrib_optimizer(mod) -> None:
     _patch_method(mod.DistributedOptimizer, "_build_model_and_main_param_groups", mod)
-    if not mod.HAVE_APEX_OR_TE:
-        _patch_torch_adam_resume(mod.DistributedOptimizer)
-
-
-def _patch_torch_adam_resume(cls) -> None:
-    """P9: resuming a DistributedOptimizer that runs torch's Adam (see the module docstring)."""
-    if getattr(cls, "_megatron_sat_cpu_patched_resume", False):
-        return
-    orig_sharded, orig_set, orig_load = (cls.sharded_state_dict, cls._set_main_param_and_optimizer_states,
-                                         cls.load_state_dict)
-
-    @functools.wraps(orig_sharded)
-    def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, **kwargs):
-        if is_loading and self.init_state_fn is not None:  # (a)
-            self.init_state_fn(self.optimizer, self.config)
-            for state in self.optimizer.state.values():
-                state.setdefault("step", torch.zeros((), dtype=torch.float32))
-        return orig_sharded(self, model_sharded_state_dict, is_loading=is_loading, **kwargs)
-
-    @functools.wraps(orig_set)
-    def _set_main_param_and_optimizer_states(self, model_param, tensors):
-        if "step" not in tensors:  # (b)
-            group_index, group_order = self.model_param_group_index_map[model_param]
-            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-            step = self.optimizer.state[main_param].get("step")
-            if step is not None:
-                tensors = dict(tensors, step=step)
-        return orig_set(self, model_param, tensors)
-
-    @functools.wraps(orig_load)
-    def load_state_dict(self, state_dict):
-        result = orig_load(self, state_dict)
-        for state in self.optimizer.state.values():  # (c)
-            if isinstance(state.get("step"), torch.Tensor):
-                state["step"] = state["step"].clone()
-        return result
-
-    cls.sharded_state_dict = sharded_state_dict
-    cls._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
-    cls.load_state_dict = load_state_dict
-    cls._megatron_sat_cpu_patched_resume = True
 
 
 def _patch_optimizer(mod) -> None:
@@ -582,7 +533,7 @@ def _patch_torch_norm(mod) -> None:
         norm = orig_new(cls_, cfg, *args, **kwargs)
         # Same marking as megatron's FusedLayerNorm: finalize_model_grads all-reduces these grads over TP.
         for p in norm.parameters():
-            setattr(p, "sequence_parallel", True)
+            p.sequence_parallel = True
         return norm
 
     __new__._megatron_sat_cpu_patched = True
@@ -640,6 +591,22 @@ def _tensor_cuda_cpu(self, device=None, non_blocking=False, memory_format=torch.
     return self
 
 
+WRITTEN_FOR = "0.19."  # the megatron-core versions (prefix) these patches were written and tested against
+
+
+def _check_version() -> None:
+    """Warn once when megatron-core is not a version the patches were written for (P4 fails loudly on its own)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("megatron-core")
+    except PackageNotFoundError:
+        return
+    if not found.startswith(WRITTEN_FOR):
+        warnings.warn(f"megatron_sat.compat was written for megatron-core {WRITTEN_FOR}x; megatron-core {found} is "
+                      "installed: run tests/test_compat.py before trusting CPU runs", stacklevel=3)
+
+
 def ensure_cpu_compat() -> bool:
     """Apply the CPU compatibility patches (see module docstring).  Idempotent.
 
@@ -651,6 +618,7 @@ def ensure_cpu_compat() -> bool:
     with _LOCK:
         if _APPLIED:
             return True
+        _check_version()
         _TORCH_PROXY = _TorchProxy()
         # Import hook first, so that megatron modules imported from here on are patched as they load.
         sys.meta_path.insert(0, _MegatronFinder())

@@ -32,8 +32,9 @@ from typing import Dict, Optional
 
 import torch
 
-ARCHS = ("transformer", "resformer", "satformer")  # convertible
-BASELINE_ARCHS = ("denseformer", "muddformer", "hyperconnections")  # trained by megatron_sat, no HF format here
+from megatron_sat.archs import BASELINES
+
+CONVERTIBLE = ("transformer", "resformer", "satformer")  # the archs with an HF format here (not yet the BASELINES)
 HF_MODEL_TYPES = {"satformer": "SATFormer", "resformer": "ResFormer", "transformer": "qwen3"}
 HF_CLASSES = {"satformer": "SATFormer", "resformer": "ResFormer"}
 
@@ -45,8 +46,8 @@ class ConversionError(ValueError):
 def unsupported_arch(arch: str, what: str = "arch") -> ConversionError:
     """The refusal of an arch that has no HF conversion, naming it and the convertible ones."""
     why = (" to Hugging Face: megatron_sat trains this baseline of the paper but has no HF format for it"
-           if arch in BASELINE_ARCHS else "")
-    return ConversionError(f"{what} {arch!r} cannot be converted{why}; supported archs: {', '.join(ARCHS)}")
+           if arch in BASELINES else "")
+    return ConversionError(f"{what} {arch!r} cannot be converted{why}; supported archs: {', '.join(CONVERTIBLE)}")
 
 
 @dataclass
@@ -68,7 +69,7 @@ class ModelSpec:
     tied: bool = True
 
     def __post_init__(self):
-        if self.arch not in ARCHS:
+        if self.arch not in CONVERTIBLE:
             raise unsupported_arch(self.arch)
         if self.num_attention_heads % self.num_query_groups:
             raise ConversionError(f"{self.num_attention_heads} attention heads are not a multiple of "

@@ -11,12 +11,11 @@ A checkpoint saved at any TP/PP/VPP loads here: dist-checkpointing reshards to T
 
 import json
 import os
-import socket
 from typing import Optional, Tuple
 
 import torch
 
-from megatron_sat.conversion.mapping import ARCHS, ConversionError, ModelSpec, unsupported_arch
+from megatron_sat.conversion.mapping import CONVERTIBLE, ConversionError, ModelSpec, unsupported_arch
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
 # Transformer Engine keeps some norms inside the next linear; the local spec maps its names to
@@ -27,20 +26,12 @@ KEY_ALIASES = (("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.
 
 def init_single_process() -> None:
     """megatron's CPU compatibility and a one-rank process group (unless one exists already)."""
-    from megatron_sat import compat
+    from megatron_sat.parallel.process_group import init_from_env
 
-    compat.ensure_cpu_compat()
-    if torch.distributed.is_initialized():
-        if torch.distributed.get_world_size() != 1:
-            raise ConversionError("conversion runs in one process; do not launch it with torchrun / srun")
-        return
-    if "MASTER_PORT" not in os.environ or "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                          LOCAL_RANK="0")
-    torch.distributed.init_process_group(backend=compat.dist_backend(), rank=0, world_size=1)
+    try:
+        init_from_env(single_only=True)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
 
 
 def find_checkpoint(path: str) -> Tuple[str, Optional[str]]:
@@ -96,7 +87,7 @@ def tensor_metadata(iter_dir: str) -> dict:
 
 def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
     """ModelSpec from the trainer's arguments; vocabulary and tying from the stored tensors."""
-    if args["arch"] not in ARCHS:
+    if args["arch"] not in CONVERTIBLE:
         raise unsupported_arch(args["arch"], "the checkpoint's arch")
     if EMBEDDING_KEY not in metadata:
         raise ConversionError(f"the checkpoint has no {EMBEDDING_KEY}")

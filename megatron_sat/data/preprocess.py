@@ -85,7 +85,7 @@ def _check_output(output_prefix: str) -> str:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_test_"):
             pass
     except OSError as e:
-        raise SystemExit(f"{_ERR} output folder {folder} is not writable ({e.strerror or e})")
+        raise SystemExit(f"{_ERR} output folder {folder} is not writable ({e.strerror or e})") from None
     return prefix
 
 

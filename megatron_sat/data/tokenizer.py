@@ -88,7 +88,7 @@ class Tokenizer:
         return hashlib.blake2b(json.dumps([vocab, self.eod]).encode(), digest_size=8).hexdigest()
 
     @property
-    def unique_identifiers(self) -> "OrderedDict[str, object]":
+    def unique_identifiers(self) -> OrderedDict[str, object]:
         """Identity hashed into Megatron's dataset index-cache names."""
         return OrderedDict(
             [

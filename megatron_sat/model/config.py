@@ -23,11 +23,9 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 
-ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
-VALUE_RESIDUAL_ARCHS = ("resformer", "satformer")
-DENSE_ARCHS = ("denseformer", "muddformer")  # every layer reads all earlier layers' outputs
-GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
-RESFORMER_LAMBDAS = ("learned", "fixed")
+from megatron_sat.archs import ARCHS, BASELINES, GATES, RESFORMER_LAMBDAS  # noqa: F401 (re-exported)
+from megatron_sat.archs import DENSE as DENSE_ARCHS
+from megatron_sat.archs import VALUE_RESIDUAL as VALUE_RESIDUAL_ARCHS
 
 
 @dataclass
@@ -87,7 +85,7 @@ class SATConfig(TransformerConfig):
                 f"muddformer needs num_query_groups ({self.num_query_groups}) >= tensor parallel size "
                 f"({self.tensor_model_parallel_size}): its Q, K and V come from different inputs"
             )
-        if self.arch in ("muddformer", "hyperconnections", "denseformer") and self.fp8:
+        if self.arch in BASELINES and self.fp8:
             raise ValueError(f"FP8 is not supported for the {self.arch} baseline (BF16 only)")
         if not self.uses_value_residual:
             return

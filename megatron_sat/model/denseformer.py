@@ -8,7 +8,7 @@ With X_0 the embedding and X_i the output of block i (a plain pre-norm Megatron 
 (the authors' configs use dilation 1 and period 1, the only setting built here).
 
 The history (X_0, ..., X_i) travels from layer to layer as a tuple in Megatron's `context` slot
-and across pipeline stages appended to the hidden state (megatron_sat.parallel.dense_transport).
+and across pipeline stages appended to the hidden state (megatron_sat.model.dense_transport).
 The weighted sum is a loop of scaled adds, so autograd keeps one reference to each X_j rather than
 a stacked copy per layer: activation memory grows with L, not L^2.
 """
@@ -16,8 +16,8 @@ a stacked copy per layer: activation memory grows with L, not L^2.
 import torch
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
+from megatron_sat.model import dense_transport
 from megatron_sat.model.config import SATConfig
-from megatron_sat.parallel import dense_transport
 
 
 def weighted_sum(weights, tensors):

@@ -2,8 +2,8 @@
 
 CarryGPTModel is Megatron's GPTModel plus a second activation that layers pass to each other
 through Megatron's `context` slot and that must cross pipeline-stage boundaries:
-    resformer, satformer      V1                                   (parallel/v1_transport.py)
-    denseformer, muddformer   all earlier layer outputs (+ streams) (parallel/dense_transport.py)
+    resformer, satformer      V1                                   (model/v1_transport.py)
+    denseformer, muddformer   all earlier layer outputs (+ streams) (model/dense_transport.py)
   * input:  the received [hidden | carry] message is split in `set_input_tensor`; the carry
             enters the decoder as the first layer's `context`;
   * output: the chunk's last layer appends the carry to the hidden state (unless last stage).
@@ -22,9 +22,9 @@ from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.module import MegatronModule
 
+from megatron_sat.model import dense_transport, v1_transport
 from megatron_sat.model.config import SATConfig
 from megatron_sat.model.specs import layer_spec
-from megatron_sat.parallel import dense_transport, v1_transport
 
 
 class ResFormerLambdas(MegatronModule):

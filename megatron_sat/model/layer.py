@@ -7,12 +7,12 @@ have no cross-attention, so the slot is free: this layer hands the incoming V1 t
 returns layer 1's V as the new context, and passes any other V1 through unchanged.
 
 The last layer of a stage that is not the last pipeline stage appends V1 to its output
-(`emits_carry`), so the schedule sends both to the next stage (megatron_sat.parallel.v1_transport).
+(`emits_carry`), so the schedule sends both to the next stage (megatron_sat.model.v1_transport).
 """
 
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from megatron_sat.parallel import v1_transport
+from megatron_sat.model import v1_transport
 
 
 class ValueResidualTransformerLayer(TransformerLayer):

@@ -13,7 +13,7 @@ static = 0) and param_realloc FFN widths (megatron_sat.model.config.muddformer_f
 
 Q, K and V are projected with slices of Megatron's fused linear_qkv weight, one GEMM per input, so
 the FLOPs equal one fused QKV projection. The streams (X^Q, X^K, X^V, history) travel in Megatron's
-`context` slot and across pipeline stages on the wire (megatron_sat.parallel.dense_transport).
+`context` slot and across pipeline stages on the wire (megatron_sat.model.dense_transport).
 Every op outside attention and MLP is per token: TP, SP and CP need only replicated weights.
 """
 
@@ -21,7 +21,6 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -29,10 +28,11 @@ from megatron.core.tensor_parallel.mappings import (
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
 from megatron.core.utils import get_pg_rank
+from torch.utils.checkpoint import checkpoint
 
+from megatron_sat.model import dense_transport
 from megatron_sat.model.config import SATConfig, muddformer_ffn_size
 from megatron_sat.model.denseformer import weighted_sum
-from megatron_sat.parallel import dense_transport
 
 
 class MultiInputSelfAttention(SelfAttention):

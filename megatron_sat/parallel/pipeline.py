@@ -3,8 +3,8 @@
 `forward_backward` is Megatron's get_forward_backward_func() (no pipelining, 1F1B, or interleaved
 1F1B, as parallel_state dictates), given a P2PCommunicator whose messages are wide enough for what
 the arch carries across stages besides the hidden state:
-    resformer, satformer      V1                          (megatron_sat.parallel.v1_transport)
-    denseformer, muddformer   streams and layer history   (megatron_sat.parallel.dense_transport)
+    resformer, satformer      V1                          (megatron_sat.model.v1_transport)
+    denseformer, muddformer   streams and layer history   (megatron_sat.model.dense_transport)
     hyperconnections          the other n-1 residual streams (the hidden state is [s', b, n*h])
 """
 
@@ -14,8 +14,8 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.process_groups_config import ProcessGroupCollection
 
-from megatron_sat.parallel import dense_transport, v1_transport
-from megatron_sat.parallel.v1_transport import WideP2PCommunicator
+from megatron_sat.model import dense_transport, v1_transport
+from megatron_sat.model.v1_transport import WideP2PCommunicator
 
 
 def _process_groups() -> ProcessGroupCollection:

@@ -4,7 +4,7 @@
 
 * `flops_profile`: DeepSpeed's flops profiler (exact counts on CPU as on GPU: it wraps torch's matmul
   and functional ops) over one forward-only pass of the step's micro-batches. Returns the forward
-  FLOPs per token it counted over all ranks next to the analytic count (megatron_sat/profiling/flops.py),
+  FLOPs per token it counted over all ranks next to the analytic count (megatron_sat/model/flops.py),
   and writes `modules_<tag>.csv` on the chosen rank: every module of the model, layers folded
   (decoder.layers.*.self_attention...), with forward FLOPs, parameters and forward latency
   (DeepSpeed's hooks synchronise the device around each module) and their shares of the total.

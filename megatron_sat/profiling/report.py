@@ -7,7 +7,7 @@ per arch:
     step_cpu_s_median               the process CPU time of a step (max over ranks): on a shared CPU
                                     machine a steadier comparison than wall time (not a GPU figure)
     tokens_per_s_per_gpu            global_batch x seq_length / median step / world size
-    tflops_per_gpu, mfu             analytic model FLOPs (megatron_sat/profiling/flops.py) x tokens/s;
+    tflops_per_gpu, mfu             analytic model FLOPs (megatron_sat/model/flops.py) x tokens/s;
                                     MFU needs the device's peak (GPU table or --peak-tflops)
     gpu_peak_allocated_mib / _reserved_mib, max_rss_mib, rss_above_start_mib   (see throughput.py)
     saved_activation_mib            bytes autograd saves for one micro-batch's forward (max over ranks)

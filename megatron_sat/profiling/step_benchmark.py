@@ -70,9 +70,6 @@ def sync():
         torch.cuda.synchronize()
 
 
-_sync = sync
-
-
 def alternating_order(items, round_index: int) -> list:
     """items in order on even rounds and reversed on odd ones (A B C, C B A, ...): drift and warm
     caches fall on every item alike."""
@@ -100,7 +97,7 @@ def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_siz
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         counter = SavedBytes() if measure else None
-        _sync()
+        sync()
         start = time.perf_counter()
         if counter:
             with counter:
@@ -108,7 +105,7 @@ def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_siz
         else:
             loss = model(tokens, position_ids, None, labels=tokens).float().mean()
         loss.backward()
-        _sync()
+        sync()
         elapsed = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
         if counter:

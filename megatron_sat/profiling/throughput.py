@@ -37,8 +37,6 @@ from contextlib import contextmanager
 
 import torch
 
-from megatron_sat import compat
-
 MIB = 2 ** 20
 
 
@@ -101,15 +99,11 @@ class ArchRun:
     """One arch's model chunks, optimizer and measurements in this process."""
 
     def __init__(self, arch: str, spec: dict, layout, world: int):
-        from megatron.core import parallel_state
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-        from megatron.core.transformer.module import Float16Module
-
         from megatron_sat.model.config import make_config
-        from megatron_sat.model.gpt import build_model
+        from megatron_sat.model.flops import flops_breakdown, flops_per_token
         from megatron_sat.parallel.layout import validate
-        from megatron_sat.profiling.flops import flops_breakdown, flops_per_token
-        from megatron_sat.training.step import build_optimizer, wrap_ddp
+        from megatron_sat.training.checkpointing import unwrap
+        from megatron_sat.training.step import setup_model_and_optimizer
 
         self.arch, self.spec = arch, spec
         bf16 = spec["bf16"]
@@ -120,22 +114,12 @@ class ArchRun:
         validate(layout, self.config, world, seq_length=spec["seq_length"], num_microbatches=self.num_micro,
                  backend=spec.get("backend") or "local")
         torch.manual_seed(spec["seed"])
-        chunks = build_model(self.config, vocab_size=spec["vocab_size"], max_sequence_length=spec["seq_length"],
-                             backend=spec.get("backend"), rotary_base=spec.get("rotary_base", 10000))
-        self.inner = chunks  # unwrapped GPTModels (for the flops profiler)
-        local = sum(p.numel() for c in chunks for p in c.parameters()
-                    if not getattr(p, "shared", False) and param_is_not_tensor_parallel_duplicate(p))
-        total = torch.tensor([float(local)], dtype=torch.float64)
-        if parallel_state.get_data_parallel_rank() != 0:
-            total.zero_()
-        torch.distributed.all_reduce(total)  # every (TP, PP) rank of DP replica 0, once each
-        self.params = int(total.item())
-        if bf16:
-            chunks = [Float16Module(self.config, c) for c in chunks]
-        dist_opt = spec["use_distributed_optimizer"]
-        self.chunks = wrap_ddp(chunks, self.config, use_distributed_optimizer=dist_opt)
-        self.optimizer = build_optimizer(self.chunks, lr=spec.get("lr", 1e-4), min_lr=0.0, clip_grad=1.0, bf16=bf16,
-                                         use_distributed_optimizer=dist_opt)
+        self.chunks, self.params, self.optimizer = setup_model_and_optimizer(  # as the trainer builds its model
+            self.config, vocab_size=spec["vocab_size"], max_sequence_length=spec["seq_length"],
+            backend=spec.get("backend"), rotary_base=spec.get("rotary_base", 10000),
+            use_distributed_optimizer=spec["use_distributed_optimizer"], lr=spec.get("lr", 1e-4), min_lr=0.0,
+            clip_grad=1.0)
+        self.inner = [unwrap(c) for c in self.chunks]  # the GPTModels (for the flops profiler)
         self.flops_per_token = flops_per_token(self.config, spec["seq_length"], spec["vocab_size"])
         self.flops_breakdown = flops_breakdown(self.config, spec["seq_length"], spec["vocab_size"])
         self.data = mock_batches(spec, self.num_micro, spec["seed"])
@@ -150,14 +134,13 @@ class ArchRun:
 
         sync()
         start, cpu_start = time.perf_counter(), time.process_time()
-        loss, _, ok = train_step(self.chunks, self.optimizer, self.config, iter(self.data),
-                                 num_microbatches=self.num_micro, seq_length=self.spec["seq_length"],
-                                 micro_batch_size=self.spec["micro_batch_size"],
-                                 forward_step_func=forward_step_func or gpt_forward_step)
+        result = train_step(self.chunks, self.optimizer, self.config, iter(self.data),
+                            num_microbatches=self.num_micro, seq_length=self.spec["seq_length"],
+                            micro_batch_size=self.spec["micro_batch_size"],
+                            forward_step_func=forward_step_func or gpt_forward_step)
         sync()
         self.cpu_s.append(time.process_time() - cpu_start)
-        if loss is not None:
-            self.losses.append(loss)
+        self.losses.append(result.loss)
         return time.perf_counter() - start
 
     def counting_step(self) -> None:
@@ -290,11 +273,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     with open(args.spec) as f:
         spec = json.load(f)
-    compat.ensure_cpu_compat()
-    if not torch.distributed.is_initialized():
-        from megatron_sat.training.trainer import init_distributed
+    from megatron_sat.parallel.process_group import init_from_env
 
-        init_distributed()
+    init_from_env()
     rank = torch.distributed.get_rank()
     log = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
     try:

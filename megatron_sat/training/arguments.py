@@ -8,26 +8,12 @@ fails in about a second with a clear message and leaves no checkpoint behind.
 
 import argparse
 import os
-import sys
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
+from megatron_sat import archs
+from megatron_sat.archs import ARCHS, GATES
 from megatron_sat.outputs import check_output
 from megatron_sat.training.run_folder import holds_run  # no megatron
-
-# = megatron_sat.model.config.ARCHS / DENSE_ARCHS / GATES (kept import-free; tests check they agree)
-ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
-BASELINE_ARCHS = ("denseformer", "muddformer", "hyperconnections")  # the paper's dense baselines: no FP8, no HF
-DENSE_ARCHS = ("denseformer", "muddformer")  # carry every earlier layer's output: no full recompute
-GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
-
-
-def _recipes():
-    try:
-        import recipes
-    except ImportError:  # installed without the repository root on sys.path
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        import recipes
-    return recipes
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -58,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
     g("--value-residual-gate", default="relu", help=f"SATFormer gate, one of {', '.join(GATES)}")
     g("--value-residual-last-k", type=int, default=None, help="mix V1 into the last k layers only")
-    g("--resformer-lambdas", default="learned", choices=["learned", "fixed"])
+    g("--resformer-lambdas", default="learned", choices=list(archs.RESFORMER_LAMBDAS))
     g("--hc-expansion-rate", type=int, default=4, help="hyperconnections: number of residual streams n")
     g("--hc-static", dest="hc_dynamic", action="store_false",
       help="hyperconnections: static connection weights only (default: dynamic, tanh, as the authors)")
@@ -145,18 +131,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def recipe_parser(recipe: Optional[str]) -> argparse.ArgumentParser:
+    """The trainer's parser with `recipe`'s values as its defaults (ValueError for an unknown recipe or one that
+    sets arguments the trainer does not have). The one way a recipe becomes arguments: the trainer, the
+    planner and tools/submit_grid.py all resolve recipes here."""
+    import recipes  # the repository's recipes/ package (installed with this one)
+
     parser = build_parser()
-    pre, _ = parser.parse_known_args(argv)
-    if pre.recipe:
-        try:
-            defaults = _recipes().get(pre.recipe)
-        except ValueError as e:
-            parser.error(str(e))
+    if recipe:
+        defaults = recipes.get(recipe)
         unknown = [k for k in defaults if k not in _dests(parser)]
         if unknown:
-            parser.error(f"recipe {pre.recipe!r} sets unknown arguments {unknown}")
+            raise ValueError(f"recipe {recipe!r} sets unknown arguments {unknown}")
         parser.set_defaults(**defaults)
+    return parser
+
+
+def recipe_args(recipe: str, overrides: Sequence[str] = ()) -> argparse.Namespace:
+    """The trainer's arguments for `recipe` with command-line `overrides`, parsed but not validated (no data
+    needs to exist): what the planner and the Slurm tools reason about."""
+    return recipe_parser(recipe).parse_args(["--recipe", recipe, *overrides])
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    pre, _ = build_parser().parse_known_args(argv)
+    try:
+        parser = recipe_parser(pre.recipe)
+    except ValueError as e:
+        build_parser().error(str(e))
     args = parser.parse_args(argv)
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", args.recipe or "run")
@@ -173,12 +175,7 @@ def _dests(parser) -> set:
 
 def validate_args(args: argparse.Namespace, world_size: int) -> None:
     """Raise ValueError listing every problem found (megatron is not imported)."""
-    errors = []
-    if args.arch not in ARCHS:
-        errors.append(f"unknown --arch {args.arch!r}; choose one of {', '.join(ARCHS)}")
-    if args.value_residual_gate not in GATES:
-        errors.append(f"unknown --value-residual-gate {args.value_residual_gate!r}; choose one of {', '.join(GATES)}")
-    errors += arch_errors(args)
+    errors = arch_errors(args)
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
         errors.append(f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}")
@@ -257,24 +254,21 @@ def same_path(a: str, b: str) -> bool:
 
 
 def arch_errors(args: argparse.Namespace) -> List[str]:
-    """What the chosen arch refuses (the model config raises the same; here without importing megatron)."""
-    errors = []
-    if args.arch in BASELINE_ARCHS and args.fp8_format:
-        errors.append(f"--fp8-format is not supported for the {args.arch} baseline (BF16 only)")
-    if args.arch in DENSE_ARCHS and args.recompute_granularity == "full":
-        errors.append(f"--recompute-granularity full is not supported for --arch {args.arch} (it carries every "
-                      "earlier layer's output from layer to layer); use --recompute-granularity selective")
-    if args.arch == "hyperconnections" and args.hc_expansion_rate < 1:
-        errors.append(f"--hc-expansion-rate must be >= 1 (got {args.hc_expansion_rate})")
-    return errors
+    """What the chosen arch refuses (megatron_sat/archs.py; the model config raises the same)."""
+    return archs.arch_errors(args.arch, fp8=args.fp8_format, recompute_granularity=args.recompute_granularity,
+                             hc_expansion_rate=args.hc_expansion_rate, value_residual_gate=args.value_residual_gate,
+                             resformer_lambdas=args.resformer_lambdas)
+
+
+# the arch switches of megatron_sat.model.config.SATConfig, under the same names as the trainer's argument dests
+MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas", "hc_expansion_rate",
+                     "hc_dynamic", "muddformer_param_realloc")
 
 
 def model_config_fields(args: argparse.Namespace) -> dict:
-    """The arch switches of megatron_sat.model.config.SATConfig, from parsed trainer arguments (every tool
-    that turns arguments into a model config passes these, so a new flag reaches all of them)."""
-    return dict(value_residual_gate=args.value_residual_gate, value_residual_last_k=args.value_residual_last_k,
-                resformer_lambdas=args.resformer_lambdas, hc_expansion_rate=args.hc_expansion_rate,
-                hc_dynamic=args.hc_dynamic, muddformer_param_realloc=args.muddformer_param_realloc)
+    """The arch switches of SATConfig from parsed trainer arguments (every tool that turns arguments into a
+    model config passes these, so a new flag reaches all of them)."""
+    return {k: getattr(args, k) for k in MODEL_CONFIG_KEYS}
 
 
 def parse_split(split: str) -> list:

@@ -31,7 +31,6 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_sat import compat
 from megatron_sat.training import integrity, run_folder
 from megatron_sat.training.run_folder import TRACKER, CheckpointError, checkpoint_dir  # noqa: F401 (re-exported)
 from megatron_sat.training.signals import install_write_results_queue, shielded_async_request
@@ -56,11 +55,11 @@ def _rank0() -> bool:
 def model_sharded_state_dict(chunks) -> dict:
     """One sharded state dict over this rank's chunks; keys are global, so layouts can differ."""
     if len(chunks) == 1:
-        return {"model": _unwrap(chunks[0]).sharded_state_dict()}
-    return {f"model{i}": _unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
+        return {"model": unwrap(chunks[0]).sharded_state_dict()}
+    return {f"model{i}": unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
 
 
-def _unwrap(chunk):
+def unwrap(chunk):
     """The GPTModel inside DDP and Float16Module wrappers."""
     while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
         chunk = chunk.module
@@ -69,10 +68,10 @@ def _unwrap(chunk):
 
 def _load_model_state(chunks, loaded: dict) -> None:
     if len(chunks) == 1:
-        _unwrap(chunks[0]).load_state_dict(loaded["model"])
+        unwrap(chunks[0]).load_state_dict(loaded["model"])
     else:
         for i, c in enumerate(chunks):
-            _unwrap(c).load_state_dict(loaded[f"model{i}"])
+            unwrap(c).load_state_dict(loaded[f"model{i}"])
 
 
 def save_model(chunks, directory: str) -> None:
@@ -347,25 +346,12 @@ def find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: boo
             iteration = older
 
 
-def _check_optimizer_loadable(optimizer) -> None:
-    """megatron-core 0.19.2 cannot resume a DistributedOptimizer that runs torch's AdamW (neither Apex nor TE
-    present). The CPU compatibility layer mends that (megatron_sat/compat/cpu.py, P9); on a GPU, say so."""
-    from megatron.core.optimizer.distrib_optimizer import HAVE_APEX_OR_TE, DistributedOptimizer
-
-    if compat.is_cpu_mode() or HAVE_APEX_OR_TE:
-        return
-    if any(isinstance(o, DistributedOptimizer) for o in getattr(optimizer, "chained_optimizers", [optimizer])):
-        raise RuntimeError("resuming the distributed optimizer on a GPU needs Transformer Engine or Apex "
-                           "(megatron-core 0.19.2 cannot resume it with torch's AdamW)")
-
-
 def restore(point: ResumePoint, chunks, optimizer, scheduler) -> dict:
     """Load everything from a resume point; returns its common state plus 'rng_restored' and 'directory'.
 
     RNG states are restored only when TP and PP match the saved layout (they are per rank)."""
     saved, now = point.common["layout"], layout_key()
     same_ranks = saved["tp"] == now["tp"] and saved["pp"] == now["pp"]
-    _check_optimizer_loadable(optimizer)
     try:
         loaded = dist_checkpointing.load(_state_dict(chunks, optimizer, True, {}, with_rng=same_ranks),
                                          point.directory)

@@ -7,8 +7,10 @@ depend on how the global batch is split into micro-batches or data-parallel rank
 makes every layout give the same numbers.
 """
 
+import math
+from dataclasses import dataclass
 from functools import partial
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Sequence
 
 import torch
 from megatron.core import parallel_state
@@ -39,6 +41,10 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
                     clip_grad: float = 1.0, betas=(0.9, 0.95), eps: float = 1e-8,
                     bf16: bool = False, use_distributed_optimizer: bool = False):
     """Megatron's AdamW (Apex/TE fused when present, torch's otherwise) with gradient clipping."""
+    if use_distributed_optimizer:
+        from megatron_sat.training import optimizer_resume
+
+        optimizer_resume.apply()  # torch's AdamW under the distributed optimizer resumes exactly (CPU or GPU)
     config = OptimizerConfig(
         optimizer="adam",
         lr=lr,
@@ -53,6 +59,40 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
         use_distributed_optimizer=use_distributed_optimizer,
     )
     return get_megatron_optimizer(config, chunks)
+
+
+def count_parameters(chunks) -> int:
+    """The model's parameters over all ranks, each counted once (shared embeddings and TP duplicates too)."""
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    local = sum(p.numel() for c in chunks for p in c.parameters()
+                if not getattr(p, "shared", False) and param_is_not_tensor_parallel_duplicate(p))
+    total = torch.tensor([float(local if parallel_state.get_data_parallel_rank() == 0 else 0)], dtype=torch.float64)
+    torch.distributed.all_reduce(total)  # every (TP, PP) rank of data-parallel replica 0, once each
+    return int(total.item())
+
+
+def setup_model_and_optimizer(config, *, vocab_size: int, max_sequence_length: int, rotary_base: int = 10000,
+                              backend: Optional[str] = None, use_distributed_optimizer: bool = False,
+                              overlap_grad_reduce: bool = False, **optimizer_kwargs):
+    """The model (its chunks on this rank) wrapped as it trains, and its optimizer.
+
+    Returns (chunks, parameter count over all ranks, optimizer): GPTModel -> Float16Module under BF16 ->
+    Megatron DDP. optimizer_kwargs go to build_optimizer (lr, min_lr, weight_decay, clip_grad, betas, eps)."""
+    from megatron.core.transformer.module import Float16Module
+
+    from megatron_sat.model.gpt import build_model
+
+    chunks = build_model(config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
+                         rotary_base=rotary_base, backend=backend)
+    num_params = count_parameters(chunks)
+    if config.bf16:
+        chunks = [Float16Module(config, c) for c in chunks]
+    chunks = wrap_ddp(chunks, config, use_distributed_optimizer=use_distributed_optimizer,
+                      overlap_grad_reduce=overlap_grad_reduce)
+    optimizer = build_optimizer(chunks, bf16=config.bf16, use_distributed_optimizer=use_distributed_optimizer,
+                                **optimizer_kwargs)
+    return chunks, num_params, optimizer
 
 
 def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -84,23 +124,62 @@ def gpt_forward_step(data_iterator: Iterator, model):
     return output, partial(_loss_func, batch["loss_mask"].to(device))
 
 
-def reduce_loss(loss_dicts: List[dict]) -> Optional[float]:
-    """Mean token loss of the step over micro-batches and DP ranks (last stage; None elsewhere)."""
-    if not loss_dicts:
-        return None
-    total = torch.stack([d["lm loss"] for d in loss_dicts]).sum(0)  # [2] = (sum, count)
-    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-    return (total[0] / total[1].clamp(min=1)).item()
+class NonFiniteLoss(RuntimeError):
+    """The step's loss or gradient norm is NaN/Inf (raised before the optimizer touches the weights)."""
+
+
+@dataclass
+class StepResult:
+    """One training step, the same on every rank."""
+
+    loss: float                 # mean token loss over the step's micro-batches and data-parallel ranks
+    grad_norm: Optional[float]  # after the optimizer's all-reduce, before clipping
+    lr: float                   # the learning rate this step used
+    success: bool               # the optimizer took the step
+    stop_signals: int           # ranks that asked to stop (a signal), summed over the world
+    time_up: bool               # some rank passed its time limit
 
 
 def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: int, seq_length: int,
-               micro_batch_size: int, forward_step_func=gpt_forward_step) -> Tuple[Optional[float], float, bool]:
-    """One optimizer step: returns (loss on the last pipeline stage else None, grad norm, success)."""
+               micro_batch_size: int, scheduler=None, forward_step_func=gpt_forward_step,
+               stop_requested: bool = False, time_up: bool = False) -> StepResult:
+    """One optimizer step: forward/backward over the schedule, one world all-reduce of the loss and the stop
+    flags, the NaN/Inf check, the optimizer step (clipping inside), the LR scheduler step.
+
+    The trainer, the profiler and the tests all step through here."""
     loss_dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
                                       seq_length=seq_length, micro_batch_size=micro_batch_size,
                                       forward_step_func=forward_step_func)
+    device = next(p for c in chunks for p in c.parameters()).device
+    loss_sum, count, signals, late = loss_sum_and_count(loss_dicts, device, (float(stop_requested), float(time_up)))
+    loss = loss_sum / max(count, 1.0)
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"loss is {loss}")
+    lr = optimizer.param_groups[0]["lr"]
     success, grad_norm, _ = optimizer.step()
-    return reduce_loss(loss_dicts), grad_norm, success
+    if grad_norm is not None and not math.isfinite(grad_norm):
+        raise NonFiniteLoss(f"gradient norm is {grad_norm}")
+    if scheduler is not None:
+        scheduler.step(increment=1)
+    return StepResult(loss=loss, grad_norm=grad_norm, lr=lr, success=bool(success), stop_signals=int(signals),
+                      time_up=late > 0)
+
+
+def evaluate(chunks, optimizer, config, data_iterator, *, iterations: int, num_microbatches: int, seq_length: int,
+             micro_batch_size: int) -> float:
+    """Mean token loss of `iterations` forward-only steps (the same on every rank)."""
+    for c in chunks:
+        c.eval()
+    total = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(iterations):
+            dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
+                                         seq_length=seq_length, micro_batch_size=micro_batch_size, forward_only=True)
+            device = next(p for c in chunks for p in c.parameters()).device
+            total += torch.tensor(loss_sum_and_count(dicts, device)[:2], dtype=torch.float64)
+    for c in chunks:
+        c.train()
+    return (total[0] / total[1]).item()
 
 
 def run_forward_backward(chunks, optimizer, config, data_iterator, *, num_microbatches: int, seq_length: int,
@@ -121,18 +200,19 @@ def run_forward_backward(chunks, optimizer, config, data_iterator, *, num_microb
     )
 
 
-def loss_sum_and_count(loss_dicts: List[dict], device, extra: float = 0.0) -> torch.Tensor:
-    """[loss sum, token count, extra] summed over the whole world, the same on every rank.
+def loss_sum_and_count(loss_dicts: List[dict], device, extras: Sequence[float] = ()) -> torch.Tensor:
+    """[loss sum, token count, *extras] summed over the whole world, the same on every rank.
 
-    Only last-stage ranks of TP (and CP) rank 0 contribute, so the sum is over DP ranks only; `extra`
-    is summed over all ranks (e.g. a stop flag), which costs nothing more than the one all-reduce.
+    Only last-stage ranks of TP (and CP) rank 0 contribute the loss, so its sum is over DP ranks only;
+    `extras` (e.g. stop flags) are summed over all ranks, at no cost beyond the one all-reduce.
     """
-    out = torch.zeros(3, dtype=torch.float64, device=device)  # [sum, count, extra]
+    out = torch.zeros(2 + len(extras), dtype=torch.float64, device=device)
     contributes = (parallel_state.is_pipeline_last_stage(ignore_virtual=True)
                    and parallel_state.get_tensor_model_parallel_rank() == 0
                    and parallel_state.get_context_parallel_rank() == 0)
     if loss_dicts and contributes:
         out[:2] = torch.stack([d["lm loss"] for d in loss_dicts]).sum(0).double()
-    out[2] = extra
+    if extras:
+        out[2:] = torch.tensor(list(extras), dtype=torch.float64)
     torch.distributed.all_reduce(out)
-    return out
+    return out.tolist()

@@ -192,7 +192,8 @@ def reshard(root: str) -> dict:
         c_params = dict(chunks2[0].module.named_parameters())
         diff = max((a_params[n] - c_params[n]).abs().max().item() for n in a_params)
         lr = opt2.param_groups[0]["lr"]
-        loss, grad_norm, ok = _step(chunks2, opt2, config2, num_micro=2)
+        r = _step(chunks2, opt2, config2, num_micro=2)
+        loss, grad_norm, ok = r.loss, r.grad_norm, r.success
         results[variant] = dict(c_vs_a=diff, c_iteration=loaded_c["iteration"], names=sorted(a_params) == sorted(c_params),
                                 loss=loss, grad_norm=grad_norm, ok=ok, lr=lr)
     # interleaved pipeline: PP2 x VPP2 (x DP2) -> satformer/B_vpp

@@ -172,7 +172,8 @@ def full_tensors(chunks, source: str) -> dict:
     out = {}
     for chunk in chunks:
         model = chunk.module
-        renames = {f"decoder.layers.{i}.": f"decoder.layers.{layer.layer_number - 1}." for i, layer in enumerate(model.decoder.layers)}
+        renames = {f"decoder.layers.{i}.": f"decoder.layers.{layer.layer_number - 1}."
+                   for i, layer in enumerate(model.decoder.layers)}
         for name, p in model.named_parameters():
             if getattr(p, "shared", False):
                 continue  # replicas (tied output layer, ResFormer lambdas) equal their primary
@@ -233,17 +234,13 @@ def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
     optimizer = build_optimizer(chunks, lr=1e-2, weight_decay=0.1, clip_grad=1.0, eps=ADAM_EPS)
     losses = []
     for step in range(STEPS):
-        loss, grad_norm, ok = train_step(
+        result = train_step(
             chunks, optimizer, config, batches(step, dp_rank, dp, mbs),
             num_microbatches=num_micro, seq_length=SEQ, micro_batch_size=mbs,
         )
-        assert ok, "optimizer step skipped"
-        losses.append(loss)
-    params = collect(chunks, "param")
-    # the loss lives on the last stage: send it to rank 0
-    last = [None] * world
-    torch.distributed.all_gather_object(last, losses)
-    losses = next(l for l in last[::-1] if l[0] is not None)
+        assert result.success, "optimizer step skipped"
+        losses.append(result.loss)
+    params = collect(chunks, "param")  # (every rank has each step's loss: train_step all-reduces it)
     record = dict(losses=losses, grads=grads, params=params)
     if torch.distributed.get_rank() == 0 and reference:
         torch.save(record, os.path.join(out, f"ref_{variant}.pt"))

@@ -3,7 +3,7 @@
     python tools/plan_layout.py --recipe satformer_1.3B                     # the recipe's default layout
     python tools/plan_layout.py --recipe satformer_1.3B --nodes 1 --gpu H200 --micro-batch-size 8
 
-    from megatron_sat.parallel.planner import plan_recipe
+    from megatron_sat.training.planner import plan_recipe
     plan = plan_recipe("satformer_760M", ["--pipeline-model-parallel-size", "2"], nodes=1)
     print(plan.format()); assert plan.ok, plan.errors
 
@@ -71,11 +71,10 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                  block's 8sbf/t. Left out: MUDDFormer's stream gradients and the messages' gradients (one at a
                  time), and the Transformer's own [s, b, h] message, which Megatron keeps too.
   overhead       3 GiB (CUDA context, NCCL and cuBLAS workspaces).
-GPU time: FLOPs per token from megatron_sat.profiling.flops (3 x forward, attention included) x tokens /
+GPU time: FLOPs per token from megatron_sat.model.flops (3 x forward, attention included) x tokens /
 (peak bf16 x MFU); MFU defaults to 0.40 (the published ~1B H100 anchors are 40-48%).
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -87,17 +86,9 @@ DEFAULT_MFU = 0.40
 
 
 def load_recipes():
-    """The recipes package with the paper grid registered (recipes/paper.py), importable from the repo root."""
-    import importlib
-    import os
-    import sys
+    """The recipes package (the paper grid is registered when it is imported)."""
+    import recipes
 
-    try:
-        import recipes
-    except ImportError:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        import recipes
-    importlib.import_module("recipes.paper")
     return recipes
 
 
@@ -190,20 +181,14 @@ def _tokens(n: float) -> str:
 
 def resolve_args(recipe: str, overrides: Sequence[str] = ()):
     """The trainer's argparse.Namespace for `recipe` + command-line `overrides` (not validated for data)."""
-    load_recipes()
-    import recipes
+    from megatron_sat.training.arguments import recipe_args
 
-    from megatron_sat.training.arguments import build_parser
-
-    parser = build_parser()
-    parser.set_defaults(**recipes.get(recipe))
-    return parser.parse_args(["--recipe", recipe, *overrides])
+    return recipe_args(recipe, overrides)
 
 
 def plan_recipe(recipe: str, overrides: Sequence[str] = (), nodes: Optional[int] = None,
                 gpus_per_node: Optional[int] = None, gpu: Optional[str] = None, mfu: float = DEFAULT_MFU) -> Plan:
     """Plan `recipe` on its default cluster (recipes.paper.cluster) with any of it overridden."""
-    load_recipes()
     from recipes.paper import cluster
 
     args = resolve_args(recipe, overrides)
@@ -223,9 +208,9 @@ def _model_config(args):
 
 def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: float = DEFAULT_MFU) -> Plan:
     """Validate and size the run described by trainer arguments `args` on nodes x gpus_per_node `gpu`s."""
+    from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
     from megatron_sat.model.sizes import count_parameters
     from megatron_sat.parallel.layout import Layout, validate
-    from megatron_sat.profiling.flops import PEAK_TFLOPS, flops_per_token
 
     errors = []
     if gpu not in GPU_MEMORY_GIB:
@@ -335,7 +320,7 @@ def _wire_channels(cfg, chunk_layers: List[range]) -> int:
         return 0
     if cfg.arch == "hyperconnections":
         return (cfg.hc_expansion_rate - 1) * cfg.hidden_size
-    if cfg.is_dense:  # padded to the widest boundary: before the last chunk (parallel/dense_transport.py)
+    if cfg.is_dense:  # padded to the widest boundary: before the last chunk (model/dense_transport.py)
         streams = 3 if cfg.arch == "muddformer" else 0
         return (streams + chunk_layers[-1][0]) * cfg.hidden_size
     return 0
@@ -358,7 +343,7 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
     sp_div = t if layout.sp else 1
     if cfg.is_dense and recompute == "full":
-        recompute = "selective"  # the config refuses full recompute for these archs (training.arguments.arch_errors)
+        recompute = "selective"  # these archs refuse full recompute (megatron_sat/archs.py)
     emb = vocab_size * h / t
     # bytes per parameter: weights, fp32 grad buffer, optimizer (fp32 master + Adam m, v; no master in fp32)
     w_bytes, g_bytes, o_bytes = (2, 4, 12) if bf16 else (4, 4, 8)

@@ -2,7 +2,7 @@
 
 A densely connected layer reads every earlier output X_0..X_{i-1} (and, for MUDDFormer, the next
 layer's Q, K and V input streams), so a stage boundary must carry all of them. As with V1
-(megatron_sat.parallel.v1_transport) they are appended to the one tensor Megatron's schedules send:
+(megatron_sat.model.v1_transport) they are appended to the one tensor Megatron's schedules send:
 
     wire = [hidden | streams... | X_0 | ... | X_{f-1} | zero padding]      [s', b, W]
 

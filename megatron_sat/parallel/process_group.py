@@ -1,0 +1,43 @@
+"""torch.distributed from whatever launched this process: torchrun's environment, srun's, or nothing (one rank).
+
+The trainer, the conversion tools, the profiler and the CPU smoke test all start their process group here.
+"""
+
+import os
+import socket
+
+import torch
+
+from megatron_sat import compat
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_from_env(single_only: bool = False) -> None:
+    """Initialise the default process group (a no-op when one exists).
+
+    torchrun sets RANK/WORLD_SIZE/MASTER_*; under srun they come from SLURM_PROCID/SLURM_NTASKS (the master
+    from SLURM_LAUNCH_NODE_IPADDR and the job id, unless MASTER_ADDR/PORT are set, as slurm/launch.sh does);
+    a lone process becomes rank 0 of 1 on a free local port. single_only: refuse a world larger than 1
+    (ValueError), for tools that run in one process."""
+    compat.ensure_cpu_compat()
+    env = os.environ
+    if torch.distributed.is_initialized():
+        if single_only and torch.distributed.get_world_size() != 1:
+            raise ValueError("this tool runs in one process; do not launch it with torchrun / srun")
+        return
+    if "RANK" not in env and "SLURM_PROCID" in env and not single_only:
+        env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_NTASKS"], LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
+        env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+        env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+    if single_only and int(env.get("WORLD_SIZE", "1")) != 1:
+        raise ValueError("this tool runs in one process; do not launch it with torchrun / srun")
+    if "RANK" not in env or "MASTER_PORT" not in env:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
+    torch.distributed.init_process_group(backend=compat.dist_backend())
