@@ -1,0 +1,310 @@
+"""A sweep read back (issue 13): tools/collect_grid.py over real runs, the fits, the trainer's records.
+
+    .venv/bin/python -m pytest -q -ra tests/test_collect_grid.py      # about 3 minutes on 2 cores
+
+  * a real sweep through tools/submit_grid.py on the real local Slurm (tests/slurm_cluster.py, one cluster start):
+    transformer and satformer x 2 sizes (debug, and debug at 2 layers) x seeds 1, 2, plus one run that hits a NaN
+    (failed) and one that stops early (stopped); --status while it runs names the Slurm jobs; then every value of
+    grid.csv equals what the run's own metrics.jsonl and config.json say, the failed and stopped runs are listed
+    with their status, and the runs share one validation set;
+  * local runs: a live run is "running" (ETA), killed it is "failed", resumed and stopped it has 1 restart and its
+    wall time goes on; data of another validation set is flagged and kept apart; bad input exits 2 naming the
+    file, with nothing written; --wandb writes an offline summary run; the trainer's wandb run is in the sweep's
+    group with arch, scale and seed;
+  * the fits recover E, A, alpha and a compute multiplier from points made with known values;
+  * validation samples do not depend on --seed, training batches do (the dataset builder).
+Skipped (with the reason) only when Slurm is absent and cannot be installed (the Slurm test alone).
+"""
+
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+import train_cli
+from test_slurm import cluster, site  # noqa: F401  (the module-scoped Slurm fixtures)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLECT = os.path.join(ROOT, "tools", "collect_grid.py")
+SWEEP = "t13"
+FLAGS = ["--train-iters", "6", "--eval-interval", "3", "--log-interval", "2"]
+
+
+def collect(*args, env=None, expect=0):
+    proc = subprocess.run([sys.executable, COLLECT, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    return proc
+
+
+def records(folder):
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def config(folder):
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return {r["run"]: r for r in csv.DictReader(f)}
+
+
+def expected_row(folder):
+    """The grid row of a run folder, recomputed here from its files by the rules of megatron_sat/analysis/grid.py."""
+    c, recs = config(folder), records(folder)
+    train = [r for r in recs if "loss" in r]
+    val = [r for r in recs if "val_loss" in r]
+    steady = train[1:] if len(train) > 1 else train
+    med = lambda key: statistics.median(r[key] for r in steady) if steady and steady[0].get(key) is not None else None  # noqa: E731,E501
+    tokens = train[-1]["consumed_samples"] * c["seq_length"]
+    wall = recs[-1]["wall_time_s"] / 3600
+    return dict(arch=c["arch"], scale=c["scale"], seed=c["seed"], params=c["num_parameters"],
+                non_embedding_params=c["num_parameters"] - c["vocab_size"] * c["hidden_size"], tokens=tokens,
+                train_flops=c["flops_per_token"] * tokens, final_val_loss=val[-1]["val_loss"],
+                best_val_loss=min(r["val_loss"] for r in val), step=train[-1]["step"],
+                tokens_per_s_per_gpu=med("tokens_per_s") / c["world_size"], mfu=med("mfu"),
+                step_time_s=med("step_time_s"), wall_hours=wall, gpu_hours=wall * c["world_size"],
+                peak_memory_gib=max(r["mem_cpu_peak_rss_gib"] for r in recs if "mem_cpu_peak_rss_gib" in r),
+                restarts=len(c["attempts"]) - 1)
+
+
+def same(cell: str, value) -> bool:
+    if value is None:
+        return cell == ""
+    if isinstance(value, float):
+        return float(cell) == value
+    return cell == str(value)
+
+
+def submit(cluster, site, archs, seeds, *flags, env_extra=None):  # noqa: F811
+    env = cluster.env(dict(site["env"], **(env_extra or {})))
+    proc = subprocess.run([sys.executable, "tools/submit_grid.py", "--archs", archs, "--scales", "debug", "--seeds",
+                           seeds, "--gpus-per-node", "1", "--sweep", SWEEP, "--submit", "--", *FLAGS, *flags],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return re.search(r"submitted array job (\d+)", proc.stdout).group(1)
+
+
+def test_sweep_through_slurm_is_collected(cluster, site, tmp_path):  # noqa: F811
+    t0 = time.time()
+    jobs = [submit(cluster, site, "transformer,satformer", "1,2"),
+            submit(cluster, site, "transformer,satformer", "1,2", "--num-layers", "2"),
+            submit(cluster, site, "transformer", "3", "--debug-inject-nan-at-step", "5", "--save-interval", "2"),
+            submit(cluster, site, "satformer", "3", "--exit-interval", "3", env_extra=dict(MSAT_REQUEUE="0"))]
+    env = cluster.env(site["env"])
+    status = collect(site["runs"], "--sweep", SWEEP, "--status", env=env).stdout
+    sweep = json.load(open(os.path.join(site["runs"], "_grid", f"{SWEEP}.json")))
+    names = [e["run"] for a in sweep["arrays"] for e in a["entries"]]
+    assert len(names) == 10 and all(n in status for n in names), status
+    assert f"{jobs[0]}_0" in status, status  # each entry with its Slurm job (queued or running)
+    for job in jobs:
+        cluster.wait(job, timeout=900)
+    print(f"sweep of 10 runs through Slurm: {time.time() - t0:.0f} s")
+
+    out = tmp_path / "grid"
+    log = collect(site["runs"], "--sweep", SWEEP, "--out", out, env=env).stderr
+    assert "10 run(s): 8 complete, 1 failed, 1 stopped" in log, log
+    rows = read_csv(out / "grid.csv")
+    assert sorted(rows) == sorted(names)
+    for name, row in rows.items():
+        folder = os.path.join(site["runs"], name)
+        assert row["path"] == folder and config(folder)["sweep"] == SWEEP
+        if row["status"] != "complete":
+            continue
+        for key, value in expected_row(folder).items():
+            assert same(row[key], value), (name, key, row[key], value)
+        assert float(row["wall_hours"]) > 0 and row["slurm_job"].startswith(tuple(jobs))
+    status = {(r["arch"], r["seed"]): r["status"] for r in rows.values() if r["seed"] == "3"}
+    assert status == {("transformer", "3"): "failed", ("satformer", "3"): "stopped"}, status
+    failed = next(r for r in rows.values() if r["status"] == "failed")
+    assert "loss is nan" in failed["reason"] and failed["step"] == "4", failed
+    assert {r["scale"] for r in rows.values()} == {"debug", "2x64"}
+    # one validation set for the whole sweep: every run (both seeds, both archs) scored the same sequences
+    assert len({config(os.path.join(site["runs"], n))["data_identity"]["validation_set_id"] for n in names}) == 1
+    table = (out / "table.md").read_text()
+    assert re.search(r"\| transformer \| [\d.]+ ± [\d.]+ \(2\) \| [\d.]+ ± [\d.]+ \(2\) \|", table), table
+    assert "| satformer | " in table and "## Difference to the Transformer" in table
+    assert "no fit: 2 scale(s): 3 or more are needed" in table
+    assert re.search(r"\| \S+_s3\S* \| transformer \| debug \| 3 \| failed \| 4/6 \|", table), table
+    assert re.search(r"\| \S+_s3\S* \| satformer \| debug \| 3 \| stopped \| 3/6 \|", table), table
+    fits = json.load(open(out / "fits.json"))
+    assert fits["fits"]["satformer"]["params"]["error"].startswith("2 scale(s)")
+    for name in ("scaling", "wallclock", "efficiency"):
+        data = (out / f"{name}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+
+
+# ---------------------------------------------------------------------------------------------- local runs
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """A debug run watched live (running), killed (failed), resumed and stopped at step 10 (1 restart)."""
+    base = tmp_path_factory.mktemp("local")
+    runs = base / "runs"
+    d = runs / "live"
+    flags = ["--recipe", "debug_transformer", "--train-iters", "2000", "--log-interval", "2", "--save-interval", "4",
+             "--eval-interval", "4", "--no-progress-bar", "--save", d, "--load", d]
+    proc = train_cli.start(*flags, log_path=base / "live.log")
+    out = {}
+    try:
+        train_cli.wait_for(lambda: (train_cli.latest(d) or 0) >= 4, proc, "the first checkpoint", timeout=300)
+        out["running"] = collect(runs, "--status").stdout
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    out["killed"] = collect(runs, "--status").stdout
+    out["killed_at"] = records(d)[-1]["wall_time_s"]
+    train_cli.train(*flags, "--exit-interval", "10")
+    return dict(out, base=base, runs=runs, run=d)
+
+
+def _line(table, run):
+    return next(line for line in table.splitlines() if line.startswith(run + " "))
+
+
+def test_running_killed_and_resumed_run(local_run):
+    running = _line(local_run["running"], "live")
+    assert re.search(r"\brunning\s+\d+/2000\s+\d+m\d\ds\s+\d+\.\d{4}", running), local_run["running"]
+    assert re.search(r"\bfailed\b", _line(local_run["killed"], "live")), local_run["killed"]
+    recs, c = records(local_run["run"]), config(local_run["run"])
+    end = recs[-1]
+    start = c["attempts"][1]["start_step"]
+    assert end["event"] == "end" and end["status"] == "stopped" and end["restarts"] == 1
+    assert start >= 4 and end["step"] % 10 == 0 and start < end["step"] <= start + 10
+    assert c["restarts"] == 1 and len(c["attempts"]) == 2
+    assert c["wall_time_before_s"] >= local_run["killed_at"] and end["wall_time_s"] > c["wall_time_before_s"]
+    assert all("mem_cpu_peak_rss_gib" in r for r in recs if "loss" in r)
+    assert re.search(r"\bstopped\b", _line(collect(local_run["runs"], "--status").stdout, "live"))
+
+
+def test_other_data_is_flagged_and_kept_apart(local_run, tmp_path):
+    runs = tmp_path / "runs"
+    for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+        shutil.copytree(local_run["run"], runs / name, ignore=shutil.ignore_patterns("iter_*"))
+        c = config(runs / name)
+        c.update(seed=seed, train_iters=10)  # as if each had been a complete 10-step run
+        if name == "c":
+            c["data_identity"]["validation_set_id"] = "another-set"
+        (runs / name / "config.json").write_text(json.dumps(c))
+        recs = records(runs / name)
+        recs[-1].update(status="complete")
+        (runs / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = tmp_path / "out"
+    collect(runs, "--out", out)
+    rows = read_csv(out / "grid.csv")
+    assert rows["a"]["data_id"] == rows["b"]["data_id"] != rows["c"]["data_id"]
+    table = (out / "table.md").read_text()
+    assert "**Warning:** 1 complete run(s) used other data" in table and "mixed groups: transformer debug" in table
+    assert re.search(r"\| transformer \| [\d.]+ ± [\d.]+ \(2\) \|", table), table  # a and b only
+    assert "## Runs on other data (kept apart)" in table and "| c | transformer | debug | 3 |" in table
+
+
+def test_bad_input_exits_2_naming_the_file_and_writes_nothing(local_run, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "out"
+    err = collect(empty, "--out", out, expect=2).stderr
+    assert f"{empty}: no run folder" in err and not out.exists()
+    runs = tmp_path / "runs"
+    shutil.copytree(local_run["run"], runs / "r", ignore=shutil.ignore_patterns("iter_*"))
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    lines = (runs / "r" / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (runs / "r" / "metrics.jsonl").write_text("".join(lines[:2]) + "{not json\n" + "".join(lines[2:]))
+    err = collect(runs, "--out", out, expect=2).stderr.strip()
+    assert err.endswith(f"{runs / 'r' / 'metrics.jsonl'}: line 3 is not JSON: '{{not json'"), err
+    assert len(err.splitlines()) <= 3 and "Traceback" not in err
+    assert sorted(os.listdir(out)) == ["keep.txt"] and not list(tmp_path.glob(".collect_grid-*"))
+    (runs / "r" / "metrics.jsonl").write_text("".join(lines) + '{"step": 11, "lo')  # a line being written: fine
+    collect(runs, "--out", out)
+    os.remove(runs / "r" / "config.json")
+    err = collect(runs, "--out", tmp_path / "o2", expect=2).stderr
+    assert f"{runs / 'r' / 'config.json'}: missing" in err and not (tmp_path / "o2").exists()
+    err = collect(runs, "--out", runs / "summary", expect=2).stderr
+    assert "lies inside RUNS_DIR" in err
+
+
+def test_wandb_summary_run_and_the_trainers_group(local_run, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    log = collect(local_run["runs"], "--out", out, "--wandb", env=dict(os.environ, WANDB_MODE="offline")).stderr
+    assert "wandb: offline summary run" in log, log
+    assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    from megatron_sat.training.arguments import parse_args
+    from megatron_sat.training.monitor import Monitor
+
+    monkeypatch.setenv("MSAT_SWEEP", "sweep-x")
+    args = parse_args(["--recipe", "debug_satformer", "--seed", "7", "--save", str(tmp_path / "run"),
+                       "--wandb-project", "p", "--wandb-mode", "offline", "--no-progress-bar"])
+    monitor = Monitor(args, dict(vars(args), num_parameters=1000, vocab_size=256), 0, resumed=False, is_logger=True)
+    try:
+        assert monitor.wandb.group == "sweep-x"
+        assert (monitor.wandb.config["arch"], monitor.wandb.config["scale"], monitor.wandb.config["seed"]) == (
+            "satformer", "debug", 7)
+    finally:
+        monitor.close()
+    assert config(tmp_path / "run")["sweep"] == "sweep-x"
+
+
+# ---------------------------------------------------------------------------------------------- fits, data
+def test_fit_recovers_known_law_and_compute_multiplier():
+    import numpy as np
+
+    from megatron_sat.analysis import scaling
+
+    n = np.array([1e6, 3e6, 1e7, 3e7, 1e8])
+    fit = scaling.fit_power_law(n, 1.8 + 400.0 * n ** -0.34)
+    assert (fit["E"], fit["A"], fit["alpha"]) == pytest.approx((1.8, 400.0, 0.34), rel=1e-6)
+    with pytest.raises(scaling.FitError, match="2 scale"):
+        scaling.fit_power_law(n[:2], [3.0, 2.9])
+    rng = np.random.default_rng(0)  # seeds scattered around the law: the bootstrap brackets the truth
+    points = {x: list(1.8 + 400.0 * x ** -0.34 + rng.normal(0, 0.005, 3)) for x in n}
+    noisy = scaling.fit_with_bootstrap(points, samples=200)
+    assert abs(noisy["alpha"] - 0.34) < 3 * noisy["bootstrap"]["alpha"]["sd"] + 1e-3
+    # an arch that is a Transformer with 3x the compute: multiplier 3 at every compute, from the fits and measured
+    c = np.geomspace(1e15, 1e19, 4)
+    ref = scaling.fit_power_law(c, 2.0 + 50.0 * c ** -0.1)
+    arch = scaling.fit_power_law(c, 2.0 + 50.0 * (3 * c) ** -0.1)
+    assert [scaling.multiplier_from_fits(arch, ref, x) for x in c] == pytest.approx([3.0] * 4, rel=1e-6)
+    measured = [scaling.multiplier_measured(list(zip(c, 50.0 * c ** -0.1)), 50.0 * (3 * x) ** -0.1, x)
+                for x in c[:3]]  # a pure power law is a straight line in log-log: interpolation is exact
+    assert [m for m, _ in measured] == pytest.approx([3.0] * 3, rel=1e-9) and not any(e for _, e in measured)
+
+
+def test_validation_samples_do_not_depend_on_the_seed():
+    import torch
+
+    from megatron_sat.data import build_datasets
+    from megatron_sat.data.tokenizer import NullTokenizer
+    from megatron_sat.training.data import VALIDATION_SEED, validation_set_id
+
+    def build(seed, valid_seed=VALIDATION_SEED):
+        return build_datasets(None, NullTokenizer(512), seq_length=16, num_samples=(64, 16, 0), seed=seed,
+                              valid_seed=valid_seed, mock=True)
+
+    one, two = build(1), build(2)
+    assert all(torch.equal(one.valid[i]["tokens"], two.valid[i]["tokens"]) for i in range(16))
+    assert validation_set_id(one.valid, 16) == validation_set_id(two.valid, 16)
+    assert not all(torch.equal(one.train[i]["tokens"], two.train[i]["tokens"]) for i in range(16))
+    old_one, old_two = build(1, None), build(2, None)  # before: the seed also drew the validation samples
+    assert validation_set_id(old_one.valid, 16) != validation_set_id(old_two.valid, 16)
+    assert all(torch.equal(one.train[i]["tokens"], old_one.train[i]["tokens"]) for i in range(16))  # order kept
+
+
+def test_ladder_recipes_grow_and_share_everything_else():
+    import recipes
+
+    for arch in ("transformer", "resformer", "satformer"):
+        ladder = [recipes.get(f"{arch}_ladder{i}") for i in (1, 2, 3)]
+        assert [r["hidden_size"] for r in ladder] == [64, 128, 192] and [r["num_layers"] for r in ladder] == [2, 3, 4]
+        same = ("train_iters", "global_batch_size", "seq_length", "embedded_data", "vocab_size", "eval_iters", "split")
+        assert all({k: r[k] for k in same} == {k: ladder[0][k] for k in same} for r in ladder)
+        assert all(r["arch"] == arch and r["hidden_size"] // r["num_attention_heads"] == 32 for r in ladder)
