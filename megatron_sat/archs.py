@@ -20,6 +20,8 @@ DENSE = ("denseformer", "muddformer")
 BASELINES = ("denseformer", "muddformer", "hyperconnections")
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 RESFORMER_LAMBDAS = ("learned", "fixed")
+OUTPUT_LAYER_INITS = ("scaled", "unscaled")  # Megatron's std / sqrt(2L) for output projections, or the plain std
+WEIGHT_DECAY_PARAMS = ("matrices", "all")     # Megatron's rule (no decay on 1-D tensors and biases), or every tensor
 
 
 def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: Optional[str] = None,

@@ -19,7 +19,25 @@ The authors' config defects, fixed here (and in PAPER_SCALES):
   2. Transformer medium uses 4 KV heads while every other config is multi-head. Fixed: 16 KV heads (MHA), so
      that archs at one scale differ only in the arch (the value residual or the baselines' connections). The
      authors' literal Transformer medium is `--recipe transformer_340M --num-query-groups 4`.
+  3. Transformer xl trains with 1024 sequences per step (batch 1 x accumulation 128 x 8 GPUs: 4.19M tokens, 7152
+     steps) while every other config uses 512. Kept uniform here: 512 x 4096 tokens, 14306 steps.
+  4. SATFormer xl has intermediate_size 5504 (with its 24 heads) where Transformer and ResFormer xl have 5632.
+     Kept uniform here: 5632 for every arch.
   Kept as published (not a defect, an arch-specific choice): Transformer xl peak lr 5e-4 (others 8e-4).
+
+Trained the way the authors trained (their train.py and models), each one flag away from Megatron's behaviour:
+  weight_decay_params="all"     their AdamW(model.parameters(), weight_decay=0.1) decays every tensor (norms,
+                                QK-norms, lambdas, connection weights); Megatron skips 1-D tensors and biases
+  output_layer_init="unscaled"  attention-output and MLP-down projections N(0, 0.02) (their
+                                rescale_prenorm_residual=False); Megatron scales them by 1/sqrt(2L)
+  validation                    0.5% of the corpus held out (split 99.5,0.5,0), evaluated every 500 steps over
+                                EVAL_SAMPLES sequences: 100 eval iterations x their per-GPU batch_size (64, 32,
+                                16, 8 for small, medium, large, xl) = 6400 / 3200 / 1600 / 800; the trainer rounds
+                                up to a whole number of micro-batches per rank (1.3B at 4 x 32: 896), the same
+                                for every arch of a scale
+Kept on purpose, unlike the authors: fp32 master weights and fp32 gradient reduction (they train pure bf16,
+weights and Adam state included, where small updates to weights near 1.0 round away), and Megatron's warmup
+convention (step k uses lr x (k - 1) / warmup: a one-step shift against theirs).
 
 The baselines (megatron_sat/model/{denseformer,muddformer,hyperconnections}.py) take the same shapes, schedule
 and layout as the other archs at each scale (a smaller micro-batch where memory needs it: ARCH_LAYOUTS), plus their
@@ -60,6 +78,7 @@ ARCH_OPTIONS = {
     "hyperconnections": dict(hc_expansion_rate=4, hc_dynamic=True),
 }
 SCALES = tuple(PAPER_SCALES)  # ("130M", "340M", "760M", "1.3B")
+EVAL_SAMPLES = {"130M": 6400, "340M": 3200, "760M": 1600, "1.3B": 800}  # 100 x the authors' per-GPU batch
 GLOBAL_BATCH = 512  # sequences per step: 512 x 4096 = 2,097,152 tokens
 SEQ_LENGTH = PAPER_SEQ_LENGTH
 
@@ -134,7 +153,8 @@ def paper(arch: str, scale: str) -> dict:
                seq_length=SEQ_LENGTH, global_batch_size=GLOBAL_BATCH, vocab_size=PAPER_VOCAB,
                train_iters=steps(sched.tokens), lr_warmup_iters=round(sched.warmup_tokens / tokens_per_step),
                rotary_base=10000, recompute_granularity="selective",
-               log_interval=10, eval_interval=250, eval_iters=10, save_interval=250,
+               log_interval=10, eval_interval=500, eval_samples=EVAL_SAMPLES[scale], split="99.5,0.5,0",
+               weight_decay_params="all", output_layer_init="unscaled", save_interval=250,
                # keep every 2500th checkpoint and the newest (a 1.3B run, ~18 GB a checkpoint: 7 of 57 kept,
                # ~130 GB instead of ~1 TB)
                save_retain_interval=2500)

@@ -312,3 +312,63 @@ def test_paper_recipe_trains_through_the_trainer(tmp_path):
     assert (config["recipe"], config["arch"], config["lr"], config["recompute_granularity"]) == \
         ("resformer_340M", "resformer", 1.5e-3, "selective")
     assert (tmp_path / "iter_0000002").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the paper recipes train the way the authors trained (issue 17)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_paper_recipes_follow_the_authors():
+    for name in paper.GRID:
+        r = recipes.get(name)
+        scale = name.rsplit("_", 1)[1]
+        assert (r["weight_decay_params"], r["output_layer_init"]) == ("all", "unscaled"), name
+        assert (r["split"], r["eval_interval"]) == ("99.5,0.5,0", 500), name
+        assert r["eval_samples"] == {"130M": 6400, "340M": 3200, "760M": 1600, "1.3B": 800}[scale], name
+    args = parse_args(["--recipe", "satformer_130M", "--mock-data", "--vocab-size", "64"])
+    assert (args.weight_decay_params, args.output_layer_init) == ("all", "unscaled")
+    defaults = parse_args(["--mock-data", "--vocab-size", "64"])  # Megatron's behaviour stays the default
+    assert (defaults.weight_decay_params, defaults.output_layer_init) == ("matrices", "scaled")
+
+
+def test_a_data_source_on_the_command_line_replaces_the_recipes():
+    args = parse_args(["--recipe", "debug_satformer", "--embedded-data", "/tmp/corpus"])
+    assert (args.mock_data, args.embedded_data, args.vocab_size) == (False, "/tmp/corpus", None)
+    args = parse_args(["--recipe", "debug_satformer", "--embedded-data", "/tmp/corpus", "--vocab-size", "512"])
+    assert args.vocab_size == 512
+    assert parse_args(["--recipe", "debug_satformer"]).mock_data is True
+
+
+@pytest.fixture(scope="module")
+def fidelity(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fidelity") / "r.json"
+    _tool(os.path.join(ROOT, "tests", "workers", "recipe_fidelity.py"), str(out))
+    import json
+
+    return json.loads(out.read_text())
+
+
+def test_weight_decay_groups_under_both_settings(fidelity):
+    for arch in ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections"):
+        every = fidelity[f"{arch}/all"]
+        assert all(p["wd_mult"] == 1.0 for p in every.values()), {n for n, p in every.items() if p["wd_mult"] != 1}
+        megatron = fidelity[f"{arch}/matrices"]
+        assert {n for n, p in megatron.items() if p["wd_mult"] == 0.0} == {n for n, p in megatron.items()
+                                                                             if p["ndim"] == 1}
+        assert any(p["ndim"] == 1 for p in every.values())  # norms at least: the check above saw 1-D tensors
+    own = {"resformer": "lambda", "denseformer": "", "hyperconnections": "hc", "muddformer": ""}
+    for arch, word in own.items():  # the arch's own 1-D weights are among the decayed ones under `all`
+        names = [n for n, p in fidelity[f"{arch}/all"].items() if p["ndim"] == 1 and word in n
+                 and "layernorm" not in n and "norm.weight" not in n]
+        assert names, arch
+
+
+def test_output_projection_init_under_both_settings(fidelity):
+    for arch in ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections"):
+        scaled, unscaled = fidelity[f"{arch}/scaled"], fidelity[f"{arch}/unscaled"]
+        want_scaled = scaled["expected_scaled"] / (2.0 if arch == "hyperconnections" else 1.0)  # / sqrt(n = 4)
+        for name, std in scaled["stds"].items():
+            want = 0.02 if "linear_qkv" in name else want_scaled
+            assert std == pytest.approx(want, rel=0.05), (arch, "scaled", name)
+        for name, std in unscaled["stds"].items():
+            assert std == pytest.approx(0.02, rel=0.05), (arch, "unscaled", name)

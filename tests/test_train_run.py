@@ -77,6 +77,9 @@ def runs(tmp_path_factory):
     dist_opt = [*TINY, *data, "--save", str(tmp / "G"), "--use-distributed-optimizer"]
     out["G1_log"] = train(*dist_opt, "--exit-interval", "3", nproc=2)
     out["G2_log"] = train(*dist_opt, "--load", str(tmp / "G"), "--exit-interval", "6")
+    # H: a debug recipe on real text: the command line's data source replaces the recipe's mock data
+    out["H_log"] = train("--recipe", "debug_satformer", *data, "--vocab-size", "512", "--train-iters", "3",
+                         "--save", str(tmp / "H"), "--no-progress-bar")
     return out
 
 
@@ -166,6 +169,13 @@ def test_distributed_optimizer_resumes_across_data_parallel_sizes(runs):
     for s in got:  # DP2 (steps 1-3) and DP1 after the resume (4-6) against the plain optimizer at DP1
         assert got[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-5), s
         assert got[s]["grad_norm"] == pytest.approx(ref[s]["grad_norm"], rel=1e-4), s
+
+
+def test_debug_recipe_trains_on_the_embedded_corpus(runs):
+    config = json.load(open(runs["tmp"] / "H" / "config.json"))
+    assert config["mock_data"] is False and config["embedded_data"] and config["tokenizer_vocab_size"] == 512
+    assert config["recipe"] == "debug_satformer" and latest(runs["tmp"] / "H") == 3
+    assert (config["weight_decay_params"], config["output_layer_init"]) == ("matrices", "scaled")
 
 
 @pytest.mark.parametrize("extra, message", [

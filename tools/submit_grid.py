@@ -45,7 +45,7 @@ NAME_IGNORES = {
     "micro_batch_size", "recompute_granularity", "recompute_num_layers", "data_cache_path", "bf16",
     "debug_inject_nan_at_step", "data_path", "tokenizer_model", "split",
     "save_retain_interval", "async_save", "verify_checkpoint", "ckpt_fallback", "allow_tokenizer_mismatch",
-    "debug_save_delay", "debug_fail_save_at",
+    "debug_save_delay", "debug_fail_save_at", "eval_samples",
 }
 NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
 

@@ -22,8 +22,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
+from megatron.core.utils import init_method_normal
 
-from megatron_sat.archs import ARCHS, BASELINES, GATES, RESFORMER_LAMBDAS  # noqa: F401 (re-exported)
+from megatron_sat.archs import ARCHS, BASELINES, GATES, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS  # noqa: F401
 from megatron_sat.archs import DENSE as DENSE_ARCHS
 from megatron_sat.archs import VALUE_RESIDUAL as VALUE_RESIDUAL_ARCHS
 
@@ -55,11 +56,21 @@ class SATConfig(TransformerConfig):
     hc_dynamic: bool = True
     """Hyper-Connections: token-dependent (dynamic) connection weights on top of the static ones."""
 
+    output_layer_init: str = "scaled"
+    """Init of the attention-output and MLP-down projections: 'scaled' is Megatron's N(0, std / sqrt(2L));
+    'unscaled' is N(0, std), as the SATFormer authors' models (rescale_prenorm_residual=False) and the paper
+    recipes. Ignored when output_layer_init_method is given."""
+
     muddformer_param_realloc: bool = True
     """MUDDFormer: FFN width grows linearly from 0.5x (layer 1) to 1.5x (layer L) of ffn_hidden_size,
     rounded to a multiple of 256 (the authors' configs), keeping the total about the same."""
 
     def __post_init__(self):
+        if self.output_layer_init not in OUTPUT_LAYER_INITS:
+            raise ValueError(f"unknown output_layer_init {self.output_layer_init!r}; choose one of "
+                             f"{', '.join(OUTPUT_LAYER_INITS)}")
+        if self.output_layer_init == "unscaled" and self.output_layer_init_method is None:
+            self.output_layer_init_method = init_method_normal(self.init_method_std)
         super().__post_init__()
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")

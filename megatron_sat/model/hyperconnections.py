@@ -10,7 +10,8 @@ Each sublayer (attention, then MLP) reads and writes the stream matrix H [s, b, 
 
 Layer 1 starts from n copies of the embedding; layer L sums the streams before the final norm.
 Init as in the authors' code: static_alpha = [e_(k mod n) | I] for sublayer k, static_beta = 1,
-dynamic projections 0, scales 0.01, and the sublayers' output projections divided by sqrt(n).
+dynamic projections 0, scales 0.01; under Megatron's scaled output init the sublayers' output projections
+are also divided by sqrt(n) (not under the authors' unscaled init).
 
 Between layers and pipeline stages H travels as the hidden state itself, laid out [s, b, n*h]:
 the pipeline message is (n-1)*h channels wider than Megatron expects (parallel/pipeline.py), and
@@ -77,7 +78,10 @@ class HyperConnectionsLayer(TransformerLayer):
         k = 2 * (self.layer_number - 1)
         self.attention_hc = HyperConnection(config, submodules.norm, k)
         self.mlp_hc = HyperConnection(config, submodules.norm, k + 1)
-        if config.perform_initialization:  # the authors scale the sublayers' outputs by 1/sqrt(n)
+        # With Megatron's scaled output init, the sublayers' outputs are also divided by sqrt(n) (n streams are
+        # summed). The authors' default init (output_layer_init='unscaled', the paper recipes) has no such factor:
+        # their models leave rescale_prenorm_residual off, so o_proj and down_proj are plain N(0, 0.02).
+        if config.perform_initialization and config.output_layer_init == "scaled":
             with torch.no_grad():
                 for linear in (self.self_attention.linear_proj, self.mlp.linear_fc2):
                     linear.weight.div_(math.sqrt(self.mlp_hc.n))

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--no-muddformer-param-realloc", dest="muddformer_param_realloc", action="store_false",
       help="muddformer: same FFN width in every layer (default: 0.5x at layer 1 to 1.5x at layer L)")
     g("--rotary-base", type=int, default=10000)
+    g("--output-layer-init", default="scaled", choices=list(archs.OUTPUT_LAYER_INITS),
+      help="attention-output and MLP-down projections: scaled = N(0, std / sqrt(2L)) (Megatron), unscaled = "
+           "N(0, std) (the SATFormer authors; the paper recipes)")
     g("--recompute-granularity", default=None, choices=["full", "selective"])
     g("--recompute-num-layers", type=int, default=1)
     g = p.add_argument_group("parallelism").add_argument
@@ -77,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
     g("--clip-grad", type=float, default=1.0)
     g("--weight-decay", type=float, default=0.1)
+    g("--weight-decay-params", default="matrices", choices=list(archs.WEIGHT_DECAY_PARAMS),
+      help="matrices = no decay on 1-D tensors and biases (Megatron), all = every tensor (the SATFormer authors' "
+           "AdamW(model.parameters()); the paper recipes)")
     g("--adam-beta1", type=float, default=0.9)
     g("--adam-beta2", type=float, default=0.95)
     g("--adam-eps", type=float, default=1e-8)
@@ -86,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--data-path", nargs="*", default=None, help="indexed dataset prefix(es) or a blend 'w1 p1 w2 p2'")
     g("--split", default="98,2,0")
     g("--tokenizer-model", default=None, help="HF tokenizer folder / tokenizer.json / hub name")
-    g("--mock-data", action="store_true", help="synthetic tokens (throughput runs); needs --vocab-size")
+    g("--mock-data", action=argparse.BooleanOptionalAction, default=False,
+      help="synthetic tokens (throughput runs); needs --vocab-size. --data-path or --embedded-data on the command "
+           "line replaces a recipe's mock data")
     g("--embedded-data", default=None, metavar="DIR",
       help="build (once) the embedded corpus, a BPE tokenizer and its dataset in DIR and train on it")
     g("--vocab-size", type=int, default=None, help="mock data vocabulary / embedded BPE size")
@@ -117,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--exit-duration-in-mins", type=float, default=None, help="save and exit after this wall time")
     g("--eval-interval", type=int, default=None)
     g("--eval-iters", type=int, default=2)
+    g("--eval-samples", type=int, default=None, metavar="N",
+      help="sequences per evaluation (rounded up to a multiple of micro-batch x data-parallel size) instead of "
+           "--eval-iters global batches")
     g = p.add_argument_group("logging").add_argument
     g("--log-interval", type=int, default=10)
     g("--wandb-project", default=None)
@@ -160,6 +171,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     except ValueError as e:
         build_parser().error(str(e))
     args = parser.parse_args(argv)
+    if pre.recipe:
+        _replace_recipe_data_source(args, argv)
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", args.recipe or "run")
     try:
@@ -167,6 +180,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     except ValueError as e:
         parser.error(str(e))
     return args
+
+
+DATA_SOURCES = ("data_path", "embedded_data", "mock_data")
+
+
+def _replace_recipe_data_source(args: argparse.Namespace, argv: Optional[List[str]]) -> None:
+    """A data source given on the command line replaces the recipe's (and the recipe's mock vocabulary size,
+    which belongs to its mock data), like any other recipe default."""
+    given = build_parser().parse_known_args(argv)[0]
+    explicit = {k for k in DATA_SOURCES if getattr(given, k)}
+    if not explicit:
+        return
+    for k in set(DATA_SOURCES) - explicit:
+        setattr(args, k, False if k == "mock_data" else None)
+    if "mock_data" not in explicit and given.vocab_size is None:
+        args.vocab_size = None
 
 
 def _dests(parser) -> set:
@@ -190,7 +219,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
     for name in ("train_iters", "seq_length", "log_interval", "eval_iters"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("save_interval", "eval_interval", "exit_interval", "save_retain_interval"):
+    for name in ("save_interval", "eval_interval", "exit_interval", "save_retain_interval", "eval_samples"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
@@ -262,7 +291,7 @@ def arch_errors(args: argparse.Namespace) -> List[str]:
 
 # the arch switches of megatron_sat.model.config.SATConfig, under the same names as the trainer's argument dests
 MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas", "hc_expansion_rate",
-                     "hc_dynamic", "muddformer_param_realloc")
+                     "hc_dynamic", "muddformer_param_realloc", "output_layer_init")
 
 
 def model_config_fields(args: argparse.Namespace) -> dict:

@@ -105,7 +105,8 @@ def _check_on_rank0(args, tokenizer, data: str, log) -> None:
 
 def build_iterators(args, tokenizer, data, consumed_samples: int):
     """(train iterator from consumed_samples, function returning a fresh validation iterator or None)."""
-    evals = (args.eval_iters * args.global_batch_size) if args.eval_interval or args.eval_iters else 0
+    evals = getattr(args, "eval_samples_effective", None) or args.eval_iters * args.global_batch_size
+    evals = evals if args.eval_interval or args.eval_iters else 0
     cache = args.data_cache_path or (os.path.join(args.save, "data_cache") if args.save else None)
     datasets = build_datasets(
         data, tokenizer, seq_length=args.seq_length,

@@ -39,8 +39,14 @@ def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_gr
 
 def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: float = 0.1,
                     clip_grad: float = 1.0, betas=(0.9, 0.95), eps: float = 1e-8,
-                    bf16: bool = False, use_distributed_optimizer: bool = False):
-    """Megatron's AdamW (Apex/TE fused when present, torch's otherwise) with gradient clipping."""
+                    bf16: bool = False, use_distributed_optimizer: bool = False, weight_decay_params: str = "matrices"):
+    """Megatron's AdamW (Apex/TE fused when present, torch's otherwise) with gradient clipping.
+
+    weight_decay_params: 'matrices' is Megatron's rule (1-D tensors and biases are not decayed); 'all' decays
+    every tensor, as the SATFormer authors' AdamW(model.parameters(), weight_decay=0.1) does (norms, QK-norms,
+    ResFormer's lambdas, the baselines' connection weights)."""
+    if weight_decay_params not in ("matrices", "all"):
+        raise ValueError(f"weight_decay_params must be 'matrices' or 'all', not {weight_decay_params!r}")
     if use_distributed_optimizer:
         from megatron_sat.training import optimizer_resume
 
@@ -58,7 +64,8 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_distributed_optimizer=use_distributed_optimizer,
     )
-    return get_megatron_optimizer(config, chunks)
+    # Megatron-Core's standard overrides are exactly its no-decay rule; an empty set of overrides decays everything
+    return get_megatron_optimizer(config, chunks, config_overrides={} if weight_decay_params == "all" else None)
 
 
 def count_parameters(chunks) -> int:

@@ -29,7 +29,7 @@ MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num
                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_layernorm", "gated_linear_unit",
                 "add_bias_linear", "init_method_std", "value_residual_gate", "value_residual_last_k",
                 "resformer_lambdas", "mixing_layers", "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc",
-                "params_dtype", "sequence_parallel", "recompute_granularity")
+                "output_layer_init", "params_dtype", "sequence_parallel", "recompute_granularity")
 
 
 class UsageError(ValueError):
@@ -47,6 +47,8 @@ class Setup:
     dist_opt: bool
     num_micro: int
     world: int
+    eval_micro: int     # micro-batches per evaluation pass (--eval-samples), or num_micro (--eval-iters passes)
+    eval_passes: int
     model_fields: dict = field(default_factory=dict)
 
 
@@ -131,7 +133,11 @@ def configure(args, log) -> Setup:
         validate(layout, config, world, seq_length=args.seq_length, num_microbatches=num_micro, backend=backend)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    return Setup(config, layout, backend, bf16, dist_opt, num_micro, world,
+    eval_micro, eval_passes = num_micro, args.eval_iters
+    if args.eval_samples:  # one pass over at least that many sequences, a whole number of micro-batches per rank
+        eval_micro, eval_passes = -(-args.eval_samples // (args.micro_batch_size * dp)), 1
+    args.eval_samples_effective = eval_micro * eval_passes * args.micro_batch_size * dp  # recorded in config.json
+    return Setup(config, layout, backend, bf16, dist_opt, num_micro, world, eval_micro, eval_passes,
                  {k: getattr(config, k) for k in MODEL_FIELDS})
 
 
@@ -197,7 +203,7 @@ class Loop:
             backend=setup.backend, use_distributed_optimizer=setup.dist_opt,
             overlap_grad_reduce=args.overlap_grad_reduce, lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_eps)
+            eps=args.adam_eps, weight_decay_params=args.weight_decay_params)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
             lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters or args.train_iters,
@@ -342,8 +348,8 @@ class Loop:
         if it is None:
             return None
         with self.gates.paused() if self.gates else contextlib.nullcontext():
-            val_loss = evaluate(self.chunks, self.optimizer, self.setup.config, it, iterations=self.args.eval_iters,
-                                num_microbatches=self.setup.num_micro, seq_length=self.args.seq_length,
+            val_loss = evaluate(self.chunks, self.optimizer, self.setup.config, it, iterations=self.setup.eval_passes,
+                                num_microbatches=self.setup.eval_micro, seq_length=self.args.seq_length,
                                 micro_batch_size=self.args.micro_batch_size)
         self.monitor.log_eval(self.iteration, val_loss)
         return val_loss
