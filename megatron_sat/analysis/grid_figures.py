@@ -27,6 +27,12 @@ def _plt():
     return plt
 
 
+def _null_formatter():
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
+
+
 def _used(rows, summary):
     return [r for r in rows if r["status"] == "complete" and r.get("final_val_loss") is not None
             and r["data_id"] == summary["main_data_id"]]
@@ -63,6 +69,7 @@ def scaling_figure(path: str, rows: List[dict], summary: dict, title: str = "") 
             ax.plot(grid, predict(fit, grid), "-", color=c,
                     label=f"{arch}: {fit['E']:.2f} + {fit['A']:.3g} x^-{fit['alpha']:.3f}")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(_null_formatter())  # minor decade labels collide on short ranges
         ax.set_xlabel(label)
         ax.set_ylabel("final validation loss")
         ax.grid(True, which="both", alpha=0.3)

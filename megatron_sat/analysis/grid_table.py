@@ -37,7 +37,7 @@ def summarize(rows: List[dict], fit_params: str = "non_embedding_params", bootst
     for r in used:
         by_group.setdefault((r["arch"], r["scale"]), []).append(r)
     size = {}
-    for (arch, scale), runs in by_group.items():
+    for (_arch, scale), runs in by_group.items():
         size.setdefault(scale, []).extend(r[fit_params] for r in runs if r.get(fit_params) is not None)
     scales = sorted(size, key=lambda s: (statistics.median(size[s]) if size[s] else math.inf, s))
     archs = sorted({a for a, _ in by_group}, key=_arch_key)
@@ -238,10 +238,10 @@ def _fit_tables(s, which) -> List[str]:
             if "error" in f:
                 lines.append([a, label, f"no fit: {f['error']}", "", "", ""])
                 continue
-            bs = f.get("bootstrap") or {}
-            pm = lambda k: f" ± {bs[k]['sd']:.3g}" if k in bs else ""  # noqa: E731
-            lines.append([a, label, f"{f['E']:.4f}{pm('E')}", f"{f['A']:.4g}{pm('A')}",
-                          f"{f['alpha']:.4f}{pm('alpha')}", f"{f['rmse']:.2g}"
+            pm = _spread(f.get("bootstrap") or {})
+            lines.append([a, label, f"{f['E']:.4f}{pm['E']}", f"{f['A']:.4g}{pm['A']}",
+                          f"{f['alpha']:.4f}{pm['alpha']}", f"{f['rmse']:.2g}"
+                          + (" (3 points, 3 parameters: exact)" if f["n"] == 3 and not f.get("at_bound") else "")
                           + (f" (at bound: {', '.join(f['at_bound'])})" if f.get("at_bound") else "")])
     out += _table(["arch", "x", "E", "A", "alpha", "rmse"], lines)
     m = s["multiplier"]
@@ -264,6 +264,10 @@ def _fit_tables(s, which) -> List[str]:
     if "note" in m:
         out += ["", m["note"]]
     return out
+
+
+def _spread(bootstrap: dict) -> dict:
+    return {k: f" ± {bootstrap[k]['sd']:.3g}" if k in bootstrap else "" for k in ("E", "A", "alpha")}
 
 
 def _mult(v):

@@ -17,6 +17,7 @@ multiplier_measured(...)      the same from measured points: the Transformer's (
 """
 
 import math
+import warnings
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -58,8 +59,10 @@ def fit_power_law(x: Sequence[float], y: Sequence[float]) -> dict:
     upper_E = float(y.min()) * (1 - 1e-9)
     p0 = [min(max(E0, 0.0), upper_E * (1 - 1e-6)), b0, a0]
     try:
-        (E, b, alpha), _ = curve_fit(_model, u, y, p0=p0, bounds=([0.0, -50.0, 1e-6], [upper_E, 50.0, ALPHA_MAX]),
-                                     method="trf", maxfev=20000, xtol=1e-15, ftol=1e-15, gtol=1e-15)
+        with warnings.catch_warnings():  # 3 points for 3 parameters leave no covariance; the spread comes from
+            warnings.simplefilter("ignore")  # the bootstrap over seeds instead
+            (E, b, alpha), _ = curve_fit(_model, u, y, p0=p0, bounds=([0.0, -50.0, 1e-6], [upper_E, 50.0, ALPHA_MAX]),
+                                         method="trf", maxfev=20000, xtol=1e-15, ftol=1e-15, gtol=1e-15)
     except (RuntimeError, ValueError) as e:
         raise FitError(f"the fit did not converge: {e}") from None
     residual = _model(u, E, b, alpha) - y
@@ -128,11 +131,11 @@ def multiplier_spread(fit: dict, reference: dict, compute: float) -> Optional[fl
 def multiplier_measured(reference_points: Sequence[tuple], loss: float, compute: float):
     """(multiplier, extrapolated) from the reference's measured (compute, loss) means: log L against log C,
     piecewise linear; (None, False) with fewer than 2 reference points or a flat reference curve."""
-    pts = sorted((c, l) for c, l in reference_points if c > 0 and l > 0)
+    pts = sorted((c, loss_) for c, loss_ in reference_points if c > 0 and loss_ > 0)
     if len(pts) < 2:
         return None, False
     logc = [math.log(c) for c, _ in pts]
-    logl = [math.log(l) for _, l in pts]
+    logl = [math.log(loss_) for _, loss_ in pts]
     target = math.log(loss)
     # the segment whose loss range holds the target, else the end segment on that side
     for i in range(len(pts) - 1):
