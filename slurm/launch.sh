@@ -32,9 +32,12 @@ msat_init() {
     # sbatch exports the submitting shell's environment: torchrun-style variables left there would give every
     # task the same rank, so ranks come from Slurm only, and the master from this job's node list.
     unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
-    local first
+    # The rendezvous is the job's first node, by the address Slurm reaches it at (its NodeAddr, which defaults to
+    # the node name): node names need not resolve (simulated nodes, some clusters' naming).
+    local first addr
     first=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(hostname)}" 2>/dev/null | head -n 1)
-    export MASTER_ADDR=${MSAT_MASTER_ADDR:-${first:-$(hostname)}}
+    addr=$(scontrol show node "$first" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
+    export MASTER_ADDR=${MSAT_MASTER_ADDR:-${addr:-${first:-$(hostname)}}}
     export MASTER_PORT=${MSAT_MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}
     export PYTHONPATH="$MSAT_REPO${PYTHONPATH:+:$PYTHONPATH}"
     MSAT_SIGNAL=""

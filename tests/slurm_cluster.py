@@ -5,6 +5,11 @@
         job = cluster.sbatch(["--ntasks=2", "--wrap", "srun hostname"], cwd="/tmp")
         assert cluster.wait(job) == "COMPLETED"
 
+Several compute nodes on this one machine: SlurmCluster(nodes=2) names them n1, n2 (NodeAddr=127.0.0.1, a port
+each, spool/log/pid files per node through %n) and runs one `slurmd -N nX` per node; `srun -N2` then runs a task
+on each, with SLURM_NODEID 0 and 1 and SLURM_JOB_NODELIST n[1-2] (names no resolver knows: slurm/launch.sh
+takes the rendezvous address from the first node's NodeAddr).
+
 Standalone (start, print how to use it, stop on Enter):
     .venv/bin/python tests/slurm_cluster.py
 
@@ -102,7 +107,11 @@ def _node_line() -> str:
 class SlurmCluster:
     """One controller + one compute node on this machine. Use as a context manager (or start()/stop())."""
 
-    def __init__(self, root: Optional[str] = None, keep: bool = False, log=print):
+    def __init__(self, root: Optional[str] = None, keep: bool = False, log=print, nodes: int = 1):
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.num_nodes = nodes
+        self.nodes: List[str] = []
         self.root = root
         self.keep = keep
         self.log = log
@@ -153,11 +162,9 @@ class SlurmCluster:
                 stdout=open(os.path.join(self.root, "log", "slurmctld.stdout"), "w"), stderr=subprocess.STDOUT,
                 start_new_session=True)
             self._wait_for(lambda: self._ok(["scontrol", "ping"], "UP"), timeout, "slurmctld to answer")
-            self.procs["slurmd"] = subprocess.Popen(
-                [_which("slurmd"), "-D", "-f", self.conf, "-N", self.node], env=env,
-                stdout=open(os.path.join(self.root, "log", "slurmd.stdout"), "w"), stderr=subprocess.STDOUT,
-                start_new_session=True)
-            self._wait_for(self._node_idle, timeout, f"node {self.node} to become idle")
+            for node in self.nodes:
+                self.start_node(node)
+            self._wait_for(self._node_idle, timeout, f"node(s) {', '.join(self.nodes)} to become idle")
         except BaseException:
             self.stop()
             raise
@@ -182,7 +189,7 @@ class SlurmCluster:
         deadline = time.time() + 10
         while time.time() < deadline and set(self._stepd_pids()) - self._stepd_before:
             time.sleep(0.2)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [n for n in self.procs if n.startswith("slurmd")] + ["slurmctld", "munged"]:
             proc = self.procs.pop(name, None)
             if proc is not None:
                 _stop_process(proc)
@@ -219,10 +226,41 @@ class SlurmCluster:
         if self.procs["munged"].poll() is not None:
             raise RuntimeError(f"munged exited: {self.procs['munged'].stderr.read().decode()[-2000:]}")
 
+    def start_node(self, node: str) -> None:
+        """Start (or restart) the slurmd of one compute node."""
+        name = "slurmd" if self.num_nodes == 1 else f"slurmd-{node}"
+        self.procs[name] = subprocess.Popen(
+            [_which("slurmd"), "-D", "-f", self.conf, "-N", node], env=self.env(),
+            stdout=open(os.path.join(self.root, "log", f"{name}.stdout"), "a"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def kill_node(self, node: str) -> None:
+        """A node dies: its slurmd and every process of a job step running on it get SIGKILL."""
+        proc = self.procs.pop("slurmd" if self.num_nodes == 1 else f"slurmd-{node}")
+        proc.kill()
+        proc.wait()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"SLURM_CONF={self.conf}".encode() in env and f"SLURMD_NODENAME={node}".encode() in env:
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def node_addr(self, node: str) -> str:
+        out = self.run(["scontrol", "show", "node", node]).stdout
+        return re.search(r"NodeAddr=(\S+)", out).group(1)
+
     def _write_conf(self) -> None:
         node = _node_line()
         fields = dict(re.findall(r"(\w+)=(\S+)", node))
-        self.node = fields["NodeName"]
+        self.node = fields["NodeName"]  # this machine's name: the controller's host, and the node of a 1-node cluster
         self.cpus = int(fields.get("CPUs", "1"))
         threads = int(fields.get("ThreadsPerCore", "1"))
         r = self.root
@@ -230,7 +268,7 @@ class SlurmCluster:
             "ClusterName=msat",
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmdPort={_free_port()}",  # a multi-node cluster gives each node a Port= of its own
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -238,11 +276,11 @@ class SlurmCluster:
             # cred_expire is also how long a requeued job waits before it may start again (default 120 s)
             f"AuthInfo=socket={self.munge_socket},cred_expire=10",
             f"StateSaveLocation={r}/state",
-            f"SlurmdSpoolDir={r}/spool",
+            f"SlurmdSpoolDir={r}/spool" + ("/%n" if self.num_nodes > 1 else ""),
             f"SlurmctldPidFile={r}/run/slurmctld.pid",
-            f"SlurmdPidFile={r}/run/slurmd.pid",
+            f"SlurmdPidFile={r}/run/slurmd" + ("-%n" if self.num_nodes > 1 else "") + ".pid",
             f"SlurmctldLogFile={r}/log/slurmctld.log",
-            f"SlurmdLogFile={r}/log/slurmd.log",
+            f"SlurmdLogFile={r}/log/slurmd" + ("-%n" if self.num_nodes > 1 else "") + ".log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc",
@@ -263,9 +301,18 @@ class SlurmCluster:
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
             "MessageTimeout=20",
-            f"{node} NodeAddr=127.0.0.1 State=UNKNOWN",
-            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
         ]
+        if self.num_nodes == 1:
+            self.nodes = [self.node]
+            lines.append(f"{node} NodeAddr=127.0.0.1 State=UNKNOWN")
+        else:  # the same hardware line for every simulated node, each its own name and port
+            self.nodes = [f"n{i}" for i in range(1, self.num_nodes + 1)]
+            hardware = re.sub(r"^NodeName=\S+\s*", "", node)
+            for name in self.nodes:
+                os.makedirs(os.path.join(r, "spool", name), exist_ok=True)
+                lines.append(f"NodeName={name} NodeAddr=127.0.0.1 Port={_free_port()} {hardware} State=UNKNOWN")
+        lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE "
+                     "State=UP")
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
 
@@ -282,7 +329,8 @@ class SlurmCluster:
                                  text=True, timeout=10).stdout
         except subprocess.TimeoutExpired:
             return False
-        return out.strip().startswith("idle")
+        states = out.split()
+        return len(states) == len(self.nodes) and all(s.startswith("idle") for s in states)
 
     def _wait_for(self, predicate, timeout: float, what: str) -> None:
         deadline = time.time() + timeout
@@ -370,7 +418,7 @@ class SlurmCluster:
 
     def tail_logs(self, chars: int = 3000) -> str:
         out = []
-        for name in ("slurmctld.log", "slurmd.log"):
+        for name in ["slurmctld.log", "slurmd.log"] + [f"slurmd-{n}.log" for n in self.nodes if self.num_nodes > 1]:
             path = os.path.join(self.root or "", "log", name)
             if os.path.isfile(path):
                 with open(path, errors="replace") as f:
