@@ -2,7 +2,7 @@
 
 A run folder holds config.json and metrics.jsonl (megatron_sat/training/monitor.py describes both). From them:
 
-    run, arch, scale, seed        folder name; config.json; scale_name() below; --seed
+    run, arch, scale, seed        folder name; config.json (scale: training/monitor.py scale_name); --seed
     params, non_embedding_params  config.json num_parameters (this model's, counted once), minus vocab x d_model
     tokens, train_flops           consumed samples x seq length at the last logged step; x flops_per_token
                                   (the trainer's analytic count, megatron_sat/model/flops.py, 3 x forward)
@@ -34,7 +34,8 @@ import subprocess
 import time
 from typing import Dict, Iterable, List, Optional
 
-SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+from megatron_sat.training.monitor import scale_name
+
 COLUMNS = ["run", "arch", "scale", "seed", "status", "step", "train_iters", "params", "non_embedding_params",
            "tokens", "train_flops", "final_val_loss", "final_val_step", "best_val_loss", "last_train_loss",
            "tokens_per_s_per_gpu", "mfu", "step_time_s", "wall_hours", "gpu_hours", "peak_memory_gib",
@@ -47,29 +48,6 @@ SKIP_DIRS = ("wandb", "data_cache", "index_cache")
 
 class GridError(ValueError):
     """Bad input for the collector: the message names the file or folder."""
-
-
-def scale_name(config: dict) -> str:
-    """The scale of a run: its recipe's size (satformer_760M -> 760M, debug_satformer -> debug, ladder recipes
-    -> ladder1 ...) when the run kept the recipe's shape, else the shape itself ('<layers>x<d_model>')."""
-    recipe, arch = config.get("recipe"), config.get("arch")
-    shape = f"{config.get('num_layers')}x{config.get('hidden_size')}"
-    if not recipe:
-        return shape
-    name = recipe
-    if arch and recipe.startswith(arch + "_"):
-        name = recipe[len(arch) + 1:]
-    elif arch and recipe.endswith("_" + arch):
-        name = recipe[:-len(arch) - 1]
-    try:
-        import recipes
-
-        defaults = recipes.get(recipe)
-    except Exception:  # a recipe this checkout does not know: its name is all there is
-        return name
-    if any(defaults.get(k) is not None and config.get(k) != defaults[k] for k in SHAPE_KEYS):
-        return shape
-    return name
 
 
 # ---------------------------------------------------------------------------------------------- finding runs

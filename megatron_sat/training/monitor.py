@@ -44,6 +44,32 @@ def _wandb_reachable(host: str = "api.wandb.ai", timeout: float = 2.0) -> bool:
         return False
 
 
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+
+
+def scale_name(config: dict) -> str:
+    """The scale of a run: its recipe's size (satformer_760M -> 760M, debug_satformer -> debug, ladder recipes
+    -> ladder1 ...) when the run kept the recipe's shape, else the shape itself ('<layers>x<d_model>')."""
+    recipe, arch = config.get("recipe"), config.get("arch")
+    shape = f"{config.get('num_layers')}x{config.get('hidden_size')}"
+    if not recipe:
+        return shape
+    name = recipe
+    if arch and recipe.startswith(arch + "_"):
+        name = recipe[len(arch) + 1:]
+    elif arch and recipe.endswith("_" + arch):
+        name = recipe[:-len(arch) - 1]
+    try:
+        from megatron_sat.training.arguments import recipe_args
+
+        defaults = vars(recipe_args(recipe))
+    except (ValueError, SystemExit):  # a recipe this checkout does not know: its name is all there is
+        return name
+    if any(config.get(k) != defaults.get(k) for k in SHAPE_KEYS if k in config):
+        return shape
+    return name
+
+
 def memory() -> dict:
     """Peak memory of this process so far (GiB): CPU peak RSS (getrusage) and current RSS (psutil); with CUDA the
     peak allocated and reserved bytes of its device (torch.cuda.max_memory_*)."""
@@ -125,8 +151,6 @@ class Monitor:
 
     def _run_record(self, args, run_config: dict, start_iteration: int) -> dict:
         """run_config plus what a sweep's tables need (module docstring); reads the previous attempts' records."""
-        from megatron_sat.analysis.grid import scale_name
-
         old_config = os.path.join(args.save, "config.json")
         try:
             with open(old_config) as f:
