@@ -308,3 +308,31 @@ def test_ladder_recipes_grow_and_share_everything_else():
         same = ("train_iters", "global_batch_size", "seq_length", "embedded_data", "vocab_size", "eval_iters", "split")
         assert all({k: r[k] for k in same} == {k: ladder[0][k] for k in same} for r in ladder)
         assert all(r["arch"] == arch and r["hidden_size"] // r["num_attention_heads"] == 32 for r in ladder)
+
+
+def test_eval_scores_become_columns_and_suite_tables(local_run, tmp_path):
+    """A tools/evaluate.py results.json inside a run folder (written by evaluation.write_results from lm-eval's
+    result layout) gives one column per task and the suite tables."""
+    from megatron_sat.analysis.evaluation import results_table, suite_averages, write_results
+
+    runs = tmp_path / "runs"
+    shutil.copytree(local_run["run"], runs / "r", ignore=shutil.ignore_patterns("iter_*"))
+    c = config(runs / "r")
+    c["train_iters"] = records(runs / "r")[-1]["step"]
+    (runs / "r" / "config.json").write_text(json.dumps(c))  # as if it were complete
+    recs = records(runs / "r")
+    recs[-1]["status"] = "complete"
+    (runs / "r" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    results = {"swde": {"contains,none": 0.25, "contains_stderr,none": 0.01},
+               "fda": {"contains,none": 0.75}, "piqa": {"acc,none": 0.6, "acc_norm,none": 0.625}}
+    table = results_table(results)
+    write_results(dict(model="hf/r", tasks=list(results), skipped=[], table=table,
+                       averages=suite_averages(table, list(results)), results=results), str(runs / "r" / "eval"))
+    out = tmp_path / "out"
+    collect(runs, "--out", out)
+    row = read_csv(out / "grid.csv")["r"]
+    assert (row["eval:swde"], row["eval:fda"], row["eval:piqa"]) == ("0.25", "0.75", "0.625")  # piqa: acc_norm
+    assert (row["eval_avg:retrieval"], row["eval_avg:zeroshot"]) == ("0.5", "0.625")
+    md = (out / "table.md").read_text()
+    assert "## Evaluation: retrieval suite" in md and "| transformer | debug | 0.5000 | 0.2500 | 0.7500 |" in md, md
+    assert "## Evaluation: zeroshot suite" in md and "| transformer | debug | 0.6250 | 0.6250 |" in md, md
