@@ -264,17 +264,17 @@ class Loop:
                 self._save()
             self.saver.finalize()
         except NonFiniteLoss as e:
-            self.monitor.close()
+            self.monitor.close(status="failed", reason=f"{e} at iteration {self.iteration + 1}")
             self.saver.finalize()  # a pending asynchronous save holds a good step
             self.log(f"error: {e} at iteration {self.iteration + 1}; stopping without saving. Last good "
                      f"checkpoint: {_describe_checkpoint(args.save)}")
             return 3
         except ckpt.SaveFailed as e:
-            self.monitor.close()
+            self.monitor.close(status="failed", reason=str(e))
             self.log(f"megatron-sat-train: error: {e}")
             return 4
         if exit_reason:
-            self.monitor.close()
+            self.monitor.close(status="stopped", reason=exit_reason)
             self.log(f"stopping at iteration {self.iteration}/{args.train_iters} ({exit_reason}); "
                      f"resume with --load {args.save}")
             return 0
