@@ -28,7 +28,8 @@ setup(
     name="megatron-sat",
     version="0.1.0",
     description="Pretraining codebase for SATFormer built on NVIDIA Megatron-Core",
-    packages=find_packages(include=["megatron_sat", "megatron_sat.*", "recipes", "recipes.*"]),
+    packages=find_packages(include=["megatron_sat", "megatron_sat.*", "recipes", "recipes.*"]) + ["megatron_sat_tools"],
+    package_dir={"megatron_sat_tools": "tools"},  # tools/ as a package, for the console scripts below
     package_data={"megatron_sat.analysis": ["lm_eval_tasks/*"]},  # the bundled based_* lm-eval tasks
     python_requires=">=3.11",
     install_requires=_reqs("base") + ["megatron-core>=0.19,<0.20"],
@@ -39,6 +40,11 @@ setup(
         "eval": _reqs("eval"),
         "dev": _reqs("dev"),
     },
-    entry_points={"console_scripts": ["megatron-sat-train = megatron_sat.train:main",
-                                      "megatron-sat-collect-grid = megatron_sat.analysis.collect:main"]},
+    entry_points={"console_scripts": [
+        "megatron-sat-train = megatron_sat.train:main",
+        "megatron-sat-collect-grid = megatron_sat.analysis.collect:main",
+        *(f"megatron-sat-{name.replace('_', '-')} = megatron_sat_tools.{name}:main" for name in (
+            "convert_to_hf", "convert_from_hf", "preprocess_data", "evaluate", "analyze_gates", "plan_layout",
+            "submit_grid")),
+    ]},
 )

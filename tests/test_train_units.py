@@ -183,3 +183,20 @@ def test_gpu_only_options_refused_cleanly_on_cpu(tmp_path):
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert message in proc.stdout + proc.stderr
         assert not out.exists()
+
+
+def test_console_scripts_run_from_anywhere(tmp_path):
+    """`pip install -e .` puts the main tools on PATH (tools/ is installed as megatron_sat_tools)."""
+    import os
+    import subprocess
+    import sys
+
+    bin_dir = os.path.dirname(sys.executable)
+    names = ["train", "collect-grid", "convert-to-hf", "convert-from-hf", "preprocess-data", "evaluate",
+             "analyze-gates", "plan-layout", "submit-grid"]
+    missing = [n for n in names if not os.path.isfile(os.path.join(bin_dir, f"megatron-sat-{n}"))]
+    assert not missing, f"console scripts not installed (re-run `make venv`): {missing}"
+    for name in ("convert-to-hf", "plan-layout"):
+        proc = subprocess.run([os.path.join(bin_dir, f"megatron-sat-{name}"), "--help"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and f"usage: megatron-sat-{name}" in proc.stdout, proc.stdout + proc.stderr

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.training.integrity import file_digest, xxhash  # noqa: E402
+from megatron_sat.training.integrity import file_digest, xxhash
 
 CHUNK = 64 << 20
 

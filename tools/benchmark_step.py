@@ -20,11 +20,11 @@ import warnings
 warnings.filterwarnings("ignore", module="megatron")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from megatron_sat import compat  # noqa: E402
-from megatron_sat.model.config import ARCHS  # noqa: E402
-from megatron_sat.model.sizes import PAPER_SCALES  # noqa: E402
+from megatron_sat import compat
+from megatron_sat.model.config import ARCHS
+from megatron_sat.model.sizes import PAPER_SCALES
 
 
 def main():

@@ -15,8 +15,8 @@ import warnings
 warnings.filterwarnings("ignore", module="megatron")  # import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.model.config import ARCHS, make_config  # noqa: E402
-from megatron_sat.model.sizes import PAPER_SCALES, PAPER_VOCAB, count_parameters  # noqa: E402
+from megatron_sat.model.config import ARCHS, make_config
+from megatron_sat.model.sizes import PAPER_SCALES, PAPER_VOCAB, count_parameters
 
 
 def main():

@@ -25,8 +25,8 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.training.arguments import arch_errors  # noqa: E402
-from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args  # noqa: E402
+from megatron_sat.training.arguments import arch_errors
+from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args
 
 # what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
 BASELINE_MEMORY_NOTES = {

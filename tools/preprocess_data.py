@@ -45,7 +45,7 @@ try:
 except ImportError:  # run from a checkout without installing: put the repo root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.data.preprocess import PreprocessResult, preprocess  # noqa: E402
+from megatron_sat.data.preprocess import PreprocessResult, preprocess
 
 __all__ = ["preprocess", "PreprocessResult", "main"]
 

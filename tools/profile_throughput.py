@@ -41,8 +41,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_sat.archs import ARCHS, arch_errors  # noqa: E402  (import-free: no megatron here)
-from megatron_sat.training.arguments import MODEL_CONFIG_KEYS  # noqa: E402
+from megatron_sat.archs import ARCHS, arch_errors  # (import-free: no megatron here)
+from megatron_sat.training.arguments import MODEL_CONFIG_KEYS
 
 ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
            "mudd": "muddformer", "dwa": "denseformer"}  # other spellings of the baselines, for a hint

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conversion import _args, _build, _step, _wrap  # noqa: E402  (tests/workers/conversion.py)
+from conversion import _args, _build, _step, _wrap  # (tests/workers/conversion.py)
 
 
 def draws() -> list:

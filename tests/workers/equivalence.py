@@ -37,20 +37,20 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megatron_sat import compat  # noqa: E402
+from megatron_sat import compat
 
 compat.ensure_cpu_compat()
 
-from megatron.core import parallel_state  # noqa: E402
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-from megatron_sat.model.config import make_config  # noqa: E402
-from megatron_sat.model.gpt import build_model  # noqa: E402
-from megatron_sat.parallel.grads import finalize_grads  # noqa: E402
-from megatron_sat.parallel.layout import Layout, destroy, initialize, validate  # noqa: E402
-from megatron_sat.parallel.pipeline import forward_backward  # noqa: E402
-from megatron_sat.training.checkpointing import load_model, save_model  # noqa: E402
-from megatron_sat.training.step import build_optimizer, train_step, wrap_ddp  # noqa: E402
+from megatron_sat.model.config import make_config
+from megatron_sat.model.gpt import build_model
+from megatron_sat.parallel.grads import finalize_grads
+from megatron_sat.parallel.layout import Layout, destroy, initialize, validate
+from megatron_sat.parallel.pipeline import forward_backward
+from megatron_sat.training.checkpointing import load_model, save_model
+from megatron_sat.training.step import build_optimizer, train_step, wrap_ddp
 
 VOCAB, SEQ, GLOBAL_BATCH, STEPS, SEED = 128, 16, 8, 3, 1234
 # Every initial weight gets noise of this std before it is saved: the baselines start with exact
