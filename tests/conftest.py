@@ -2,7 +2,8 @@
 
 - puts tests/ on sys.path so test modules can ``from dist_utils import run_distributed, init_megatron``
   (multi-process gloo/NCCL launcher; see tests/dist_utils.py);
-- marker ``gpu``: tests that need CUDA are skipped on CPU-only machines.
+- marker ``gpu``: tests that need CUDA are skipped on CPU-only machines;
+- fixture ``site``: a CPU site file for the Slurm scripts (tests/test_slurm*.py, tests/test_collect_grid.py).
 """
 
 import os
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_HERE)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
@@ -28,3 +30,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A CPU site file (no GPUs, 1 CPU per task, runs and logs in a temp folder) over slurm/site.sh."""
+    d = tmp_path_factory.mktemp("slurm-site")
+    runs, logs = d / "runs", d / "logs"
+    logs.mkdir()
+    path = d / "site.sh"
+    path.write_text(f"MSAT_GPUS=0\nMSAT_CPUS_PER_TASK=1\nMSAT_RUNS={runs}\nMSAT_LOGS={logs}\n"
+                    f"MSAT_PYTHON={sys.executable}\nsource {_REPO}/slurm/site.sh\n")
+    env = dict(os.environ, MSAT_SITE=str(path), MSAT_REPO=_REPO, OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return dict(path=str(path), runs=str(runs), logs=str(logs), env=env, root=d)

@@ -239,17 +239,10 @@ class SlurmCluster:
         proc = self.procs.pop("slurmd" if self.num_nodes == 1 else f"slurmd-{node}")
         proc.kill()
         proc.wait()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-            except OSError:
-                continue
+        for pid, env in _proc_fields("environ"):
             if f"SLURM_CONF={self.conf}".encode() in env and f"SLURMD_NODENAME={node}".encode() in env:
                 try:
-                    os.kill(int(entry), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
 
@@ -345,19 +338,9 @@ class SlurmCluster:
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}:\n{self.tail_logs()}")
 
     def _stepd_pids(self) -> List[int]:
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().split(b"\0")
-            except OSError:
-                continue
-            if cmd and os.path.basename(cmd[0]).startswith(b"slurmstepd"):
-                if self.root is None or self._belongs_to_us(int(entry)):
-                    pids.append(int(entry))
-        return pids
+        return [pid for pid, cmd in _proc_fields("cmdline")
+                if cmd and os.path.basename(cmd[0]).startswith(b"slurmstepd")
+                and (self.root is None or self._belongs_to_us(pid))]
 
     def _belongs_to_us(self, pid: int) -> bool:
         try:
@@ -424,6 +407,17 @@ class SlurmCluster:
                 with open(path, errors="replace") as f:
                     out.append(f"--- {name}\n{f.read()[-chars:]}")
         return "\n".join(out)
+
+
+def _proc_fields(name: str):
+    """(pid, /proc/PID/<name> split at NUL bytes) of every process that can be read (cmdline, environ)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/{name}", "rb") as f:
+                    yield int(entry), f.read().split(b"\0")
+            except OSError:
+                continue
 
 
 def _stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:

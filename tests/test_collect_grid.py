@@ -29,7 +29,7 @@ import time
 
 import pytest
 import train_cli
-from test_slurm import cluster, site  # noqa: F401  (the module-scoped Slurm fixtures)
+from test_slurm import cluster  # noqa: F401  (the module-scoped Slurm fixture; `site` is in conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLECT = os.path.join(ROOT, "tools", "collect_grid.py")

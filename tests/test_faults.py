@@ -369,6 +369,8 @@ def test_conversion_never_writes_over_its_input(runs, tmp_path):
     assert f"--model {d} is a Megatron checkpoint: convert it first" in log
     log = _tool("tools/submit_grid.py", "--seeds", "a,b", "--dry-run")
     assert "'a,b' must be comma-separated integers" in log
+    log = _tool("tools/benchmark_checkpoint_hash.py", "--gib", "0")
+    assert "--gib must be > 0" in log
     log = train(*BASE, "--save", d / "sub", "--load", d, expect=2)
     assert "--save" in log and "lies inside --load" in log
 

@@ -43,21 +43,6 @@ def cluster():
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """A CPU site file (no GPUs, 1 CPU per task, runs and logs in a temp folder) over slurm/site.sh."""
-    d = tmp_path_factory.mktemp("slurm-site")
-    runs, logs = d / "runs", d / "logs"
-    logs.mkdir()
-    path = d / "site.sh"
-    path.write_text(f"MSAT_GPUS=0\nMSAT_CPUS_PER_TASK=1\nMSAT_RUNS={runs}\nMSAT_LOGS={logs}\n"
-                    f"MSAT_PYTHON={sys.executable}\nsource {ROOT}/slurm/site.sh\n")
-    env = dict(os.environ, MSAT_SITE=str(path), MSAT_REPO=ROOT, OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return dict(path=str(path), runs=str(runs), logs=str(logs), env=env)
-
-
 def run_dir(site, recipe, *flags) -> str:
     """The run folder slurm/launch.sh derives (through the same tools/submit_grid.py --resolve)."""
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "submit_grid.py"), "--resolve", recipe, "--",

@@ -22,7 +22,8 @@ import time
 
 import pytest
 import train_cli
-from slurm_cluster import SlurmCluster, SlurmUnavailable
+from slurm_cluster import SlurmCluster
+from test_slurm import _start, read, run_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ("--train-iters", "14", "--log-interval", "1", "--save-interval", "5", "--eval-interval", "1000")
@@ -31,43 +32,15 @@ LAYOUT = ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = SlurmCluster(nodes=2)
-    try:
-        c.start()
-    except SlurmUnavailable as e:
-        pytest.skip(f"no Slurm: {e}")
+    c = _start(SlurmCluster(nodes=2))
     try:
         yield c
     finally:
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    d = tmp_path_factory.mktemp("slurm-2n")
-    runs, logs = d / "runs", d / "logs"
-    logs.mkdir()
-    path = d / "site.sh"
-    path.write_text(f"MSAT_GPUS=0\nMSAT_CPUS_PER_TASK=1\nMSAT_RUNS={runs}\nMSAT_LOGS={logs}\n"
-                    f"MSAT_PYTHON={sys.executable}\nsource {ROOT}/slurm/site.sh\n")
-    env = dict(os.environ, MSAT_SITE=str(path), MSAT_REPO=ROOT, OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return dict(runs=str(runs), logs=str(logs), env=env, tmp=d)
-
-
-def _run_dir(site, recipe, *flags):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "submit_grid.py"), "--resolve", recipe, "--",
-                          *flags], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    return os.path.join(site["runs"], re.search(r"^RUN_NAME=(\S+)$", out, re.M).group(1).strip("'"))
-
-
 def _losses(folder):
     return {r["step"]: r["loss"] for r in train_cli.rows(folder) if "loss" in r}
-
-
-def _read(path):
-    return open(path, errors="replace").read() if os.path.isfile(path) else f"<no file {path}>"
 
 
 def _wait_until(cluster, job, condition, log_path, what, timeout=300):
@@ -75,17 +48,17 @@ def _wait_until(cluster, job, condition, log_path, what, timeout=300):
     while time.time() < deadline:
         if condition():
             return
-        assert cluster.states(job)[0] in ("PENDING", "RUNNING", "CONFIGURING"), _read(log_path)
+        assert cluster.states(job)[0] in ("PENDING", "RUNNING", "CONFIGURING"), read(log_path)
         time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}:\n{_read(log_path)}")
+    pytest.fail(f"timed out waiting for {what}:\n{read(log_path)}")
 
 
 def test_two_node_pipeline_preempted_requeued_and_exact(cluster, site):
     # every run starts from one rank's weights (TP ranks draw their shards' init from their own streams)
-    init = site["tmp"] / "init"
+    init = site["root"] / "init"
     train_cli.train("--recipe", "debug_satformer", "--train-iters", "3", "--save", init, "--no-progress-bar")
     flags = (*FLAGS, "--pretrained-checkpoint", str(init))
-    folder = _run_dir(site, "debug_satformer", *flags, *LAYOUT)
+    folder = run_dir(site, "debug_satformer", *flags, *LAYOUT)
     job = cluster.sbatch(["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=15", "--job-name=msat-2n",
                           f"--output={site['logs']}/%x-%j.out", "slurm/train.sbatch", "debug_satformer", *flags,
                           *LAYOUT], cwd=ROOT, env=site["env"])
@@ -94,7 +67,7 @@ def test_two_node_pipeline_preempted_requeued_and_exact(cluster, site):
                 log_path, "the first checkpoint and a step after it")
     cluster.run(["scancel", "--signal=USR1", "--batch", job])
     state = cluster.wait(job, timeout=900)
-    log = _read(log_path)
+    log = read(log_path)
     assert state == "COMPLETED", log
     assert int(cluster.job(job)[0]["Restarts"]) == 1, log
     assert "on n[1-2], 4 tasks, master 127.0.0.1:" in log, log  # n1's NodeAddr, not the name n1
@@ -103,10 +76,10 @@ def test_two_node_pipeline_preempted_requeued_and_exact(cluster, site):
     assert sorted(got) == list(range(1, 15)), sorted(got)
     config = json.load(open(os.path.join(folder, "config.json")))
     assert config["world_size"] == 4
-    one_node = site["tmp"] / "one_node"
+    one_node = site["root"] / "one_node"
     train_cli.train("--recipe", "debug_satformer", *flags, *LAYOUT, "--save", one_node, "--no-progress-bar", nproc=4)
     assert got == _losses(one_node)  # the same layout on one node, uninterrupted: exactly
-    one_rank = site["tmp"] / "one_rank"
+    one_rank = site["root"] / "one_rank"
     train_cli.train("--recipe", "debug_satformer", *flags, "--save", one_rank, "--no-progress-bar")
     ref = _losses(one_rank)
     for step in ref:
@@ -116,7 +89,7 @@ def test_two_node_pipeline_preempted_requeued_and_exact(cluster, site):
 def test_a_dead_node_ends_the_job_and_the_requeue_resumes(cluster, site):
     flags = ("--train-iters", "400", "--log-interval", "1", "--save-interval", "4", "--eval-interval", "1000",
              "--pipeline-model-parallel-size", "2")
-    folder = _run_dir(site, "debug_transformer", *flags)
+    folder = run_dir(site, "debug_transformer", *flags)
     job = cluster.sbatch(["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=15", "--job-name=msat-dead",
                           f"--output={site['logs']}/%x-%j.out", "slurm/train.sbatch", "debug_transformer", *flags],
                          cwd=ROOT, env=site["env"])
@@ -128,7 +101,7 @@ def test_a_dead_node_ends_the_job_and_the_requeue_resumes(cluster, site):
     while time.time() < deadline and cluster.states(job)[0] == "RUNNING":
         time.sleep(1)
     ended = time.time() - t0
-    assert cluster.states(job)[0] != "RUNNING", f"the job still runs {ended:.0f} s after n2 died:\n{_read(log_path)}"
+    assert cluster.states(job)[0] != "RUNNING", f"the job still runs {ended:.0f} s after n2 died:\n{read(log_path)}"
     cluster.start_node("n2")  # the node comes back (ReturnToService=2)
     state = cluster.wait(job, timeout=600)  # launch.sh does not requeue a crash: FAILED, unless Slurm requeued it
     at_death = train_cli.latest(folder)
@@ -137,8 +110,8 @@ def test_a_dead_node_ends_the_job_and_the_requeue_resumes(cluster, site):
                               "--job-name=msat-dead", f"--output={site['logs']}/%x-%j.out", "slurm/train.sbatch",
                               "debug_transformer", *flags], cwd=ROOT, env=site["env"])
         log_path = f"{site['logs']}/msat-dead-{job}.out"
-    assert cluster.wait(job, timeout=900) == "COMPLETED", _read(log_path)
-    log = _read(log_path)
+    assert cluster.wait(job, timeout=900) == "COMPLETED", read(log_path)
+    log = read(log_path)
     assert re.search(rf"resumed from \S+iter_{at_death:07d} \(iteration {at_death}", log), log
     assert train_cli.latest(folder) == 400
     print(f"n2 killed: the job left RUNNING after {ended:.0f} s ({state}); resumed from iteration {at_death}")
@@ -153,8 +126,8 @@ def test_grid_array_with_two_node_entries(cluster, site):
     job = re.search(r"submitted array job (\d+): 2 task", proc.stdout).group(1)
     assert cluster.wait(job, timeout=900) == "COMPLETED", proc.stdout
     for i, arch in enumerate(("transformer", "satformer")):
-        log = _read(f"{site['logs']}/msat-debug-{job}_{i}.out")
+        log = read(f"{site['logs']}/msat-debug-{job}_{i}.out")
         assert "on n[1-2], 2 tasks" in log, log
-        folder = _run_dir(site, f"debug_{arch}", *extra, "--seed", "1234")
+        folder = run_dir(site, f"debug_{arch}", *extra, "--seed", "1234")
         assert train_cli.latest(folder) == 6, log
         assert json.load(open(os.path.join(folder, "config.json")))["layout"].startswith("TP1xPP2"), log

@@ -190,6 +190,9 @@ def test_debug_recipe_trains_on_the_embedded_corpus(runs):
     (["--mock-data", "--vocab-size", "64", "--global-batch-size", "0"],
      "--micro-batch-size (2) and --global-batch-size (0) must be >= 1"),
     (["--mock-data", "--vocab-size", "64", "--split", "abc"], "--split 'abc' must be up to three"),
+    (["--mock-data", "--vocab-size", "64", "--save-retain-interval", "0"], "--save-retain-interval must be >= 1"),
+    (["--mock-data", "--vocab-size", "64", "--eval-samples", "0"], "--eval-samples must be >= 1"),
+    (["--mock-data", "--vocab-size", "64", "--weight-decay-params", "some"], "invalid choice: 'some'"),
 ])
 def test_bad_input_fails_clearly_without_writing(tmp_path, extra, message):
     save = tmp_path / "run"

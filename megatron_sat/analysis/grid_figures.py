@@ -76,6 +76,10 @@ def scaling_figure(path: str, rows: List[dict], summary: dict, title: str = "") 
         ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -101,9 +105,7 @@ def wallclock_figure(path: str, rows: List[dict], summary: dict) -> None:
         ax.grid(True, alpha=0.3)
         if seen:
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def efficiency_figure(path: str, rows: List[dict], summary: dict) -> None:
@@ -125,9 +127,7 @@ def efficiency_figure(path: str, rows: List[dict], summary: dict) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         axes[1].legend(handles, labels, fontsize=6, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def write_figures(folder: str, rows: List[dict], summary: dict, title: str = "") -> Dict[str, str]:

@@ -38,7 +38,7 @@ def find_checkpoint(path: str) -> Tuple[str, Optional[str]]:
     """(iteration folder, run folder or None) for a run folder or an iter_XXXXXXX folder."""
     from megatron.core import dist_checkpointing
 
-    from megatron_sat.training.checkpointing import TRACKER, checkpoint_dir, read_tracker
+    from megatron_sat.training.run_folder import TRACKER, CheckpointError, checkpoint_dir, read_tracker
 
     path = os.path.abspath(path)
     if not os.path.isdir(path):
@@ -50,7 +50,10 @@ def find_checkpoint(path: str) -> Tuple[str, Optional[str]]:
         run = parent if os.path.isfile(os.path.join(parent, TRACKER)) or \
             os.path.isfile(os.path.join(parent, "config.json")) else None
         return path, run
-    iteration = read_tracker(path)
+    try:
+        iteration = read_tracker(path)
+    except CheckpointError as e:  # a tracker that is not a number
+        raise ConversionError(str(e)) from None
     if iteration is None:
         iters = sorted(d for d in os.listdir(path) if d.startswith("iter_"))
         hint = f" (it has {', '.join(iters[-3:])}: pass one of them)" if iters else ""

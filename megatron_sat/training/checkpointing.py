@@ -87,10 +87,6 @@ def load_model(chunks, directory: str) -> None:
     torch.distributed.barrier()
 
 
-def read_tracker(root: str) -> Optional[int]:
-    return run_folder.read_tracker(root)
-
-
 def layout_key() -> dict:
     return dict(tp=parallel_state.get_tensor_model_parallel_world_size(),
                 pp=parallel_state.get_pipeline_model_parallel_world_size(),
@@ -186,11 +182,11 @@ class Saver:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self.queue = AsyncCallsQueue()
-        install_write_results_queue()
 
     def save(self, iteration: int, *, consumed_samples: int, args: Optional[dict] = None,
              model: Optional[dict] = None) -> str:
         self.finalize()  # the previous asynchronous save completes first
+        install_write_results_queue()  # once, at the first save (as Megatron-Core would start it)
         final = checkpoint_dir(self.root, iteration)
         tmp = final + ".tmp"
         if _rank0():

@@ -14,8 +14,6 @@ import re
 import shutil
 from typing import Dict, List, Optional, Tuple
 
-from megatron_sat.training.integrity import MANIFEST
-
 TRACKER = "latest_checkpointed_iteration.txt"
 _ITER = re.compile(r"^iter_(\d{7,})$")
 _STALE = re.compile(r"^iter_\d{7,}\.(tmp|del)$")
@@ -132,9 +130,8 @@ def clean_stale(root: str) -> List[str]:
     stale = sorted(name for name in os.listdir(root) if _STALE.match(name))
     for name in stale:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    for name in (TRACKER + ".tmp",):
-        if os.path.exists(os.path.join(root, name)):
-            os.remove(os.path.join(root, name))
+    if os.path.exists(os.path.join(root, TRACKER + ".tmp")):  # a tracker write cut short
+        os.remove(os.path.join(root, TRACKER + ".tmp"))
     return stale
 
 
@@ -163,6 +160,3 @@ def model_differences(saved: Dict, now: Dict) -> List[str]:
     return [f"{k} {saved[k]!r} in the checkpoint, {now.get(k)!r} now"
             for k in RESUME_FIELDS if k in saved and saved[k] != now.get(k)]
 
-
-def has_manifest(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, MANIFEST))

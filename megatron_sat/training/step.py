@@ -178,11 +178,11 @@ def evaluate(chunks, optimizer, config, data_iterator, *, iterations: int, num_m
     for c in chunks:
         c.eval()
     total = torch.zeros(2, dtype=torch.float64)
+    device = next(p for c in chunks for p in c.parameters()).device
     with torch.no_grad():
         for _ in range(iterations):
             dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
                                          seq_length=seq_length, micro_batch_size=micro_batch_size, forward_only=True)
-            device = next(p for c in chunks for p in c.parameters()).device
             total += torch.tensor(loss_sum_and_count(dicts, device)[:2], dtype=torch.float64)
     for c in chunks:
         c.train()
