@@ -21,7 +21,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
 REQS := requirements/base.txt requirements/hf.txt requirements/train.txt requirements/eval.txt requirements/dev.txt
 
-.PHONY: venv test lint demo clean
+.PHONY: venv test lint demo clean gpu-wheels
 
 venv: $(STAMP)
 
@@ -45,6 +45,11 @@ test: venv lint
 
 demo: venv
 	$(VPY) -m megatron_sat.train --recipe demo
+
+# wheels for tools/gpu_check.sh on a GPU machine without internet (Python 3.12 there; carried as .whl/)
+gpu-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 -d .whl megatron-core==$(MCORE_VERSION) psutil xxhash tqdm
 
 clean:
 	rm -rf build dist *.egg-info .eggs .pytest_cache .torch_extensions

@@ -8,6 +8,7 @@ tools and the model config all read the same facts:
     DENSE               carry every earlier layer's output (DenseFormer, MUDDFormer): no full recompute
     BASELINES           the paper's dense-connection baselines: BF16 only (no FP8)
     GATES               SATFormer's gate functions (relu is the paper's)
+    arch_label(...)     'satformer:dot_product' -> (arch, config overrides): A/B variants benchmarked side by side
     arch_errors(...)    what an arch refuses, one line each (the trainer's flags and the model config
                         both report these)
 """
@@ -21,7 +22,24 @@ BASELINES = ("denseformer", "muddformer", "hyperconnections")
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 RESFORMER_LAMBDAS = ("learned", "fixed")
 OUTPUT_LAYER_INITS = ("scaled", "unscaled")  # Megatron's std / sqrt(2L) for output projections, or the plain std
+LOCAL_ATTENTION = ("sdpa", "dot_product")  # the local backend's core attention: torch SDPA, or Megatron's baddbmm
 WEIGHT_DECAY_PARAMS = ("matrices", "all")     # Megatron's rule (no decay on 1-D tensors and biases), or every tensor
+
+
+# label suffixes for benchmarking one arch two ways in one run (tools/benchmark_step.py, tools/profile_throughput.py)
+ARCH_VARIANTS = {
+    "dot_product": {"local_attention": "dot_product"},  # Megatron's DotProductAttention instead of torch SDPA
+}
+
+
+def arch_label(label: str):
+    """'arch' or 'arch:variant' -> (arch, SATConfig overrides); ValueError naming the choices otherwise."""
+    arch, _, variant = label.partition(":")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r} in {label!r}; choose one of {', '.join(ARCHS)}")
+    if variant and variant not in ARCH_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} in {label!r}; choose one of {', '.join(ARCH_VARIANTS)}")
+    return arch, dict(ARCH_VARIANTS.get(variant, {}))
 
 
 def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: Optional[str] = None,

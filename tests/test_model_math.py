@@ -40,6 +40,7 @@ SIZES = dict(num_layers=4, hidden_size=48, num_attention_heads=6, num_query_grou
 VARIANTS = {
     "transformer": dict(arch="transformer"),
     "satformer": dict(arch="satformer"),
+    "satformer_dot_product": dict(arch="satformer", local_attention="dot_product"),  # Megatron's core attention
     "satformer_sigmoid_last2": dict(arch="satformer", value_residual_gate="sigmoid", value_residual_last_k=2),
     "satformer_softmax": dict(arch="satformer", value_residual_gate="softmax"),
     "satformer_softmax_sigmoid": dict(arch="satformer", value_residual_gate="softmax_sigmoid"),
@@ -185,7 +186,42 @@ def _worker():
             got2 = model(tokens2, pos, None)
         results[name + "/params"] = (sum(p.numel() for p in model.parameters()), count_parameters(config, VOCAB)["total"])
         results[name + "/causal"] = (got2[:, :-1] - got[:, :-1]).abs().max().item()
+        results[name + "/core"] = {type(layer.self_attention.core_attention).__name__ for layer in model.decoder.layers}
+    results["core_attention"] = _core_attention_errors()
     return results
+
+
+def _core_attention_errors():
+    """SDPAttention (the local default) against Megatron's DotProductAttention on the same q, k, v with GQA:
+    causal and with an explicit mask (causal + padded keys), outputs and q/k/v gradients, float32 and bf16."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron_sat.model.config import make_config
+    from megatron_sat.model.core_attention import SDPAttention
+
+    g = torch.Generator().manual_seed(SEED)
+    heads, groups = SIZES["num_attention_heads"], SIZES["num_query_groups"]
+    hn = SIZES["hidden_size"] // heads
+    mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1).expand(BATCH, 1, SEQ, SEQ).clone()
+    mask[1, :, :, SEQ - 3:] = True  # sample 1: its last 3 keys are padding (True = masked out, Megatron's sense)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        config = make_config("transformer", **SIZES, params_dtype=dtype, bf16=dtype == torch.bfloat16)
+        modules = [cls(config, layer_number=2, attn_mask_type=AttnMaskType.causal, attention_type="self")
+                   for cls in (DotProductAttention, SDPAttention)]
+        qkv = [torch.randn(SEQ, BATCH, n, hn, generator=g).to(dtype) for n in (heads, groups, groups)]
+        cotangent = torch.randn(SEQ, BATCH, heads * hn, generator=g).to(dtype)
+        for case, m in (("causal", None), ("mask", mask)):
+            results = []
+            for module in modules:
+                inputs = [t.clone().requires_grad_(True) for t in qkv]
+                context = module(*inputs, m)  # [s, b, np * hn]
+                (context * cotangent).sum().backward()
+                results.append([context.detach().float()] + [t.grad.float() for t in inputs])
+            ref, got = results
+            out[f"{str(dtype)[6:]}/{case}"] = max(_rel(x, y) for x, y in zip(got, ref))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +242,17 @@ def test_gradients_match_formulas(errors, variant):
     assert not r["missing"], f"{variant}: no gradient (or an all-zero reference gradient) for {r['missing']}"
     name, err = max(r["errors"].items(), key=lambda kv: kv[1])
     assert err <= GRAD_RTOL, f"{variant}: gradient of {name} differs from the formulas' by {err:.2e} of its max"
+
+
+def test_sdpa_core_attention_matches_megatrons(errors):
+    """Every variant's layers run SDPAttention (the local default) except the one that asks for Megatron's.
+    float32: the same numbers to rounding (seen ~5e-7); bf16: both round q k^T, softmax and the context to
+    bf16 in different orders (8 bits of mantissa: 2^-8 = 4e-3 per rounding, a few roundings deep)."""
+    for name, variant in VARIANTS.items():
+        want = "DotProductAttention" if variant.get("local_attention") == "dot_product" else "SDPAttention"
+        assert errors[name + "/core"] == {want}, f"{name}: core attention {errors[name + '/core']}, expected {want}"
+    for case, err in errors["core_attention"].items():
+        assert err <= (1e-5 if case.startswith("float32") else 3e-2), f"{case}: relative max difference {err:.2e}"
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -133,6 +133,8 @@ def test_baseline_flags_reach_the_model_config():
     fields = model_config_fields(parser.parse_args(["--hc-expansion-rate", "2", "--hc-static",
                                                     "--no-muddformer-param-realloc"]))
     assert tuple(fields[k] for k in keys) == (2, False, False)
+    assert defaults["local_attention"] == "sdpa"  # torch SDPA for the local spec unless asked otherwise
+    assert model_config_fields(parser.parse_args(["--local-attention", "dot_product"]))["local_attention"] == "dot_product"
     validate_args(parser.parse_args(["--arch", "hyperconnections", "--recompute-granularity", "full", "--mock-data",
                                      "--vocab-size", "64"]), world_size=1)  # HC checkpoints like any hidden state
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from megatron_sat.archs import ARCHS, BASELINES, GATES, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS  # noqa: F401
+from megatron_sat.archs import ARCHS, BASELINES, GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS  # noqa: F401
 from megatron_sat.archs import DENSE as DENSE_ARCHS
 from megatron_sat.archs import VALUE_RESIDUAL as VALUE_RESIDUAL_ARCHS
 
@@ -61,6 +61,11 @@ class SATConfig(TransformerConfig):
     'unscaled' is N(0, std), as the SATFormer authors' models (rescale_prenorm_residual=False) and the paper
     recipes. Ignored when output_layer_init_method is given."""
 
+    local_attention: str = "sdpa"
+    """Core attention of the local (non-TE) backend: 'sdpa' is torch's scaled_dot_product_attention (flash /
+    cuDNN / memory-efficient kernels on a GPU; megatron_sat.model.core_attention), 'dot_product' Megatron's
+    DotProductAttention (materialises the [b, heads, s, s] scores). Not a weight: checkpoints load in either."""
+
     muddformer_param_realloc: bool = True
     """MUDDFormer: FFN width grows linearly from 0.5x (layer 1) to 1.5x (layer L) of ffn_hidden_size,
     rounded to a multiple of 256 (the authors' configs), keeping the total about the same."""
@@ -72,6 +77,9 @@ class SATConfig(TransformerConfig):
         if self.output_layer_init == "unscaled" and self.output_layer_init_method is None:
             self.output_layer_init_method = init_method_normal(self.init_method_std)
         super().__post_init__()
+        if self.local_attention not in LOCAL_ATTENTION:
+            raise ValueError(f"unknown local_attention {self.local_attention!r}; choose one of "
+                             f"{', '.join(LOCAL_ATTENTION)}")
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
         if self.value_residual_gate not in GATES:

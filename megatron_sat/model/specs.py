@@ -9,7 +9,8 @@ A variant is a spec plus a small subclass, on Megatron's own submodules:
 The baselines' extra norms are built from `norm` in LayerSubmodules (the backend's RMSNorm).
 
 Two backends with the same classes on top:
-  * local: pure Megatron-Core modules, runs anywhere (the CPU path and the tests);
+  * local: pure Megatron-Core modules, runs anywhere (the CPU path and the tests); core attention on
+           torch's scaled_dot_product_attention (flash kernels on any GPU) unless local_attention='dot_product';
   * te:    Transformer Engine linears, norms and attention (BF16/FP8, context parallel), chosen
            when transformer_engine imports and a GPU is present. SATFormer's gate reads the
            normalised x, which TE's fused norm+QKV linear keeps to itself, so there the norm is a
@@ -30,6 +31,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayerSubmodul
 
 from megatron_sat.model.attention import ValueResidualSelfAttention
 from megatron_sat.model.config import SATConfig
+from megatron_sat.model.core_attention import SDPAttention
 from megatron_sat.model.denseformer import DenseFormerLayer
 from megatron_sat.model.hyperconnections import HyperConnectionsLayer
 from megatron_sat.model.layer import ValueResidualTransformerLayer
@@ -63,6 +65,8 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
     elif backend == "local":
         spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+        if config.local_attention == "sdpa":  # torch's fused attention in place of the [b, np, s, s] baddbmm
+            spec.submodules.self_attention.submodules.core_attention = SDPAttention
     else:
         raise ValueError(f"unknown backend {backend!r}; choose 'local' or 'te'")
     if config.arch == "transformer":

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron_sat import compat
+from megatron_sat.archs import arch_label
 from megatron_sat.model.config import make_config
+from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
 from megatron_sat.model.gpt import build_model
 from megatron_sat.parallel.layout import Layout
 
@@ -32,6 +34,8 @@ class ArchResult:
     step_s: list = field(default_factory=list)
     activation_bytes: int = 0
     peak_bytes: int = 0
+    tokens_per_step: int = 0
+    flops_per_token: int = 0  # analytic, forward + backward (megatron_sat.model.flops)
 
 
 class SavedBytes:
@@ -78,16 +82,22 @@ def alternating_order(items, round_index: int) -> list:
 
 def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_size: int, rounds: int,
         warmup: int, bf16: bool = False, backend=None, layout: Layout = Layout(), seed: int = 1234,
-        log=print) -> dict:
-    """Benchmark single-rank (TP=PP=1) fwd+bwd steps; parallel_state must be initialised."""
+        fp8: str = None, log=print) -> dict:
+    """Benchmark single-rank (TP=PP=1) fwd+bwd steps; parallel_state must be initialised.
+    archs: labels, an arch or 'arch:variant' (megatron_sat.archs.arch_label), e.g. satformer:dot_product."""
     device = compat.device()
     dtype = torch.bfloat16 if bf16 else torch.float32
     models, results = {}, {}
-    for arch in archs:
+    for label in archs:
+        arch, overrides = arch_label(label)
         torch.manual_seed(seed)
-        config = make_config(arch, **sizes, params_dtype=dtype, bf16=bf16, **layout.config_fields(dtype))
-        models[arch] = build_model(config, vocab_size=vocab_size, max_sequence_length=seq_length, backend=backend)[0]
-        results[arch] = ArchResult(arch, sum(p.numel() for p in models[arch].parameters()))
+        fp8_fields = dict(fp8=fp8) if fp8 else {}  # FP8 GEMMs (Transformer Engine backend)
+        config = make_config(arch, **sizes, **overrides, **fp8_fields, params_dtype=dtype, bf16=bf16,
+                             **layout.config_fields(dtype))
+        models[label] = build_model(config, vocab_size=vocab_size, max_sequence_length=seq_length, backend=backend)[0]
+        results[label] = ArchResult(label, sum(p.numel() for p in models[label].parameters()),
+                                    tokens_per_step=micro_batch_size * seq_length,
+                                    flops_per_token=flops_per_token(config, seq_length, vocab_size))
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab_size, (micro_batch_size, seq_length), generator=g).to(device)
     position_ids = torch.arange(seq_length, device=device).unsqueeze(0).expand(micro_batch_size, -1)
@@ -129,12 +139,15 @@ def summarize(results: dict, baseline: str = "transformer") -> list:
     """Rows with median/min step time, memory and ratios to the baseline arch (and SATFormer's speed-up and
     memory saving against each arch when SATFormer is benchmarked)."""
     base = results.get(baseline)
+    peak_flops = peak_flops_per_device()  # None on CPU and unknown GPUs: no MFU
     rows = []
     for arch, r in results.items():
         med = statistics.median(r.step_s)
+        tokens_per_s = r.tokens_per_step / med
         row = dict(arch=arch, params=r.params, step_ms_median=med * 1e3, step_ms_min=min(r.step_s) * 1e3,
                    step_ms_max=max(r.step_s) * 1e3, activation_mib=r.activation_bytes / 2**20,
-                   peak_mib=r.peak_bytes / 2**20 if r.peak_bytes else None)
+                   peak_mib=r.peak_bytes / 2**20 if r.peak_bytes else None, tokens_per_s=tokens_per_s,
+                   mfu=tokens_per_s * r.flops_per_token / peak_flops if peak_flops else None)
         if base is not None:
             row["time_ratio"] = med / statistics.median(base.step_s)
             row["activation_ratio"] = r.activation_bytes / base.activation_bytes

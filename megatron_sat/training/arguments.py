@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--context-parallel-size", type=int, default=1, help="needs Transformer Engine attention (GPU)")
     g("--transformer-impl", default="auto", choices=["auto", "local", "transformer_engine"],
       help="layer implementation; auto = transformer_engine when it imports on a GPU, else local")
+    g("--local-attention", default="sdpa", choices=list(archs.LOCAL_ATTENTION),
+      help="core attention of the local implementation: sdpa = torch's scaled_dot_product_attention (flash "
+           "kernels on GPUs), dot_product = Megatron's DotProductAttention (materialises the s x s scores)")
     g("--fp8-format", default=None, choices=["e4m3", "hybrid"], help="FP8 GEMMs (Transformer Engine, Hopper+)")
     g("--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
       help="default: on with a GPU, off on CPU")
@@ -291,7 +294,7 @@ def arch_errors(args: argparse.Namespace) -> List[str]:
 
 # the arch switches of megatron_sat.model.config.SATConfig, under the same names as the trainer's argument dests
 MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas", "hc_expansion_rate",
-                     "hc_dynamic", "muddformer_param_realloc", "output_layer_init")
+                     "hc_dynamic", "muddformer_param_realloc", "output_layer_init", "local_attention")
 
 
 def model_config_fields(args: argparse.Namespace) -> dict:
