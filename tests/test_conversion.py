@@ -79,12 +79,21 @@ def test_export_names_and_classes(built):
             cfg = json.load(f)
         model = hf_model(folder)
         names = set(model.state_dict())
-        if variant == "transformer":  # native transformers, no remote code
+        if variant == "transformer":  # transformers' Qwen3, subclassed only to give q/k norms their own eps
+            from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+
             assert cfg["model_type"] == "qwen3" and type(model).__name__ == "Qwen3ForCausalLM"
-            assert not [n for n in os.listdir(folder) if n.endswith(".py")]
+            assert isinstance(model, Qwen3ForCausalLM)
+            assert [n for n in os.listdir(folder) if n.endswith(".py")] == ["modeling_transformer.py"]
             assert cfg["head_dim"] == 16 and cfg["rms_norm_eps"] == 1e-6 and cfg["tie_word_embeddings"] is True
+            assert cfg["qk_norm_eps"] == 1e-5 and model.model.layers[3].self_attn.k_norm.variance_epsilon == 1e-5
+            assert model.model.layers[3].input_layernorm.variance_epsilon == 1e-6
             assert "model.layers.0.self_attn.q_norm.weight" in names
+            native = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)  # loads without remote code
+            assert type(native) is Qwen3ForCausalLM and set(native.state_dict()) == names
             continue
+        assert cfg["qk_norm_eps"] == 1e-5 and cfg["norm_eps"] == 1e-6
+        assert model.model.layers[3].attn.q_norm.eps == 1e-5 and model.model.layers[3].attn_norm.eps == 1e-6
         cls = "SATFormer" if variant.startswith("satformer") else "ResFormer"
         assert cfg["model_type"] == cls and type(model).__name__ == f"{cls}ForCausalLM"
         assert type(model.config).__name__ == f"{cls}Config"
@@ -249,22 +258,24 @@ def test_cli(built, tmp_path):
     assert r.returncode == 2 and "error:" in r.stderr and not (tmp_path / "y").exists()
 
 
-def test_authors_resformer_lambdas_folded():
-    """The authors' lambda1 softmax spans all layers after the first; with last-k the weight of the
-    non-mixing layers is folded into the scale, so every mixing layer keeps its lambda1."""
-    from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_to_hf
+def test_resformer_lambdas_as_the_authors():
+    """lambda1 = scale * softmax over all N - 1 layers after the first, with last-k too: the logits and the scale
+    map one to one (the non-mixing layers' logits stay in the softmax); a fixed ResFormer exports lambda1 = 0.5."""
+    from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_shapes, megatron_to_hf
 
-    spec = ModelSpec(arch="resformer", num_layers=5, hidden_size=16, num_attention_heads=2, num_query_groups=1,
-                     ffn_hidden_size=32, kv_channels=8, vocab_size=11, max_position_embeddings=8,
-                     value_residual_last_k=2)
+    kw = dict(arch="resformer", num_layers=5, hidden_size=16, num_attention_heads=2, num_query_groups=1,
+              ffn_hidden_size=32, kv_channels=8, vocab_size=11, max_position_embeddings=8, value_residual_last_k=2)
+    spec = ModelSpec(**kw)
+    assert megatron_shapes(spec)["value_residual_lambdas.logits"] == (4,)
     g = torch.Generator().manual_seed(0)
     hf = {k: torch.randn(s, generator=g) for k, s in hf_shapes(spec).items()}
-    theirs = hf["model.lambda_manager.lambda_scale"] * torch.softmax(hf["model.lambda_manager.lambda_logits"], 0)
     meg = hf_to_megatron(hf, spec)
-    ours = meg["value_residual_lambdas.scale"] * torch.softmax(meg["value_residual_lambdas.logits"], 0)
-    torch.testing.assert_close(ours, theirs[[2, 3]])  # layers 4 and 5 (1-based) = authors' indices 2, 3
+    assert torch.equal(meg["value_residual_lambdas.logits"], hf["model.lambda_manager.lambda_logits"])
+    assert torch.equal(meg["value_residual_lambdas.scale"].reshape(()), hf["model.lambda_manager.lambda_scale"])
     back = megatron_to_hf(meg, spec)
-    assert torch.isinf(back["model.lambda_manager.lambda_logits"][:2]).all()
-    again = back["model.lambda_manager.lambda_scale"] * torch.softmax(back["model.lambda_manager.lambda_logits"], 0)
-    torch.testing.assert_close(again[[2, 3]], theirs[[2, 3]])
-    assert torch.equal(hf_to_megatron(back, spec)["value_residual_lambdas.scale"], meg["value_residual_lambdas.scale"])
+    assert all(torch.equal(back[k], hf[k]) for k in hf)
+    fixed = ModelSpec(**dict(kw, resformer_lambdas="fixed"))
+    state = {k: torch.randn(s, generator=g) for k, s in megatron_shapes(fixed).items()}
+    out = megatron_to_hf(state, fixed)
+    lam1 = out["model.lambda_manager.lambda_scale"] * torch.softmax(out["model.lambda_manager.lambda_logits"], 0)
+    torch.testing.assert_close(lam1, torch.tensor([0.0, 0.0, 0.5, 0.5]))

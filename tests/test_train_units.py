@@ -133,6 +133,8 @@ def test_baseline_flags_reach_the_model_config():
     fields = model_config_fields(parser.parse_args(["--hc-expansion-rate", "2", "--hc-static",
                                                     "--no-muddformer-param-realloc"]))
     assert tuple(fields[k] for k in keys) == (2, False, False)
+    assert defaults["qk_norm_eps"] == 1e-5  # the authors' q/k norms (flash-linear-attention's RMSNorm default)
+    assert model_config_fields(parser.parse_args(["--qk-norm-eps", "1e-6"]))["qk_norm_eps"] == 1e-6
     validate_args(parser.parse_args(["--arch", "hyperconnections", "--recompute-granularity", "full", "--mock-data",
                                      "--vocab-size", "64"]), world_size=1)  # HC checkpoints like any hidden state
 

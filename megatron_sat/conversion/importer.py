@@ -39,7 +39,7 @@ from megatron_sat.conversion.mapping import ConversionError, hf_to_megatron, spe
 from megatron_sat.outputs import check_output
 
 SHAPE_FLAGS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-               "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base")
+               "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base", "qk_norm_eps")
 ADAM_STEP = 1e-30
 TRACKER = "latest_checkpointed_iteration.txt"  # = training.checkpointing.TRACKER (that module imports megatron)
 
@@ -68,7 +68,7 @@ def trainer_args(spec, trainer_argv: List[str]):
     args.num_attention_heads, args.num_query_groups = spec.num_attention_heads, spec.num_query_groups
     args.ffn_hidden_size, args.rotary_base = spec.ffn_hidden_size, int(spec.rotary_base)
     args.value_residual_gate, args.value_residual_last_k = spec.value_residual_gate, spec.value_residual_last_k
-    args.resformer_lambdas = spec.resformer_lambdas
+    args.resformer_lambdas, args.qk_norm_eps = spec.resformer_lambdas, spec.qk_norm_eps
     if "seq_length" not in given:
         args.seq_length = spec.max_position_embeddings
     return args

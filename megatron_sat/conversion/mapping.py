@@ -15,15 +15,17 @@ A `ModelSpec` describes one model independently of both frameworks. The weights 
     output_layer.weight                                   [V, h]  (only when untied)
     SATFormer  decoder.layers.{i}.self_attention.value_residual_gate.weight   [ng, h]
     ResFormer  decoder.layers.{i}.self_attention.value_residual_lambda2       [1]
-               value_residual_lambdas.{logits [m], scale [1]}   (m mixing layers)
+               value_residual_lambdas.{logits [N - 1], scale [1]}
 
   and Hugging Face
     SATFormer / ResFormer: the SATFormer authors' names (see hf_code/modeling_valueresidual.py);
     Transformer: transformers' native Qwen3 (per-head q/k RMSNorm, SwiGLU, rotate-half RoPE, no biases).
 
-ResFormer's lambda1: ours is scale * softmax over the m mixing layers; the authors' softmax runs
-over all N - 1 layers after the first. Export pads the logits of non-mixing layers with -inf (an
-exact zero weight); import folds the weight of the non-mixing layers into the scale.
+ResFormer's lambda1 = scale * softmax(logits)[n - 2] over all N - 1 layers after the first, in both (with
+last-k too); a 'fixed' ResFormer (lambda1 = 0.5) is exported with logits 0 for the mixing layers, -inf
+(an exact zero weight) for the others and scale 0.5 m.
+The q/k RMSNorms have their own eps (qk_norm_eps, 1e-5 as the authors'): config field `qk_norm_eps` in
+every export (Transformer: shipped Qwen3 subclasses that honour it, hf_code/modeling_qwen3_qknorm.py).
 """
 
 import math
@@ -63,6 +65,7 @@ class ModelSpec:
     max_position_embeddings: int
     rotary_base: float = 10000.0
     norm_eps: float = 1e-6
+    qk_norm_eps: float = 1e-5
     value_residual_gate: str = "relu"
     value_residual_last_k: Optional[int] = None
     resformer_lambdas: str = "learned"
@@ -104,7 +107,9 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
             num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
             num_key_value_heads=spec.num_query_groups, head_dim=spec.kv_channels, hidden_act="silu",
             max_position_embeddings=spec.max_position_embeddings, initializer_range=0.02,
-            rms_norm_eps=spec.norm_eps, use_cache=True, tie_word_embeddings=spec.tied,
+            rms_norm_eps=spec.norm_eps, qk_norm_eps=spec.qk_norm_eps, use_cache=True,
+            auto_map={"AutoConfig": "modeling_transformer.Qwen3Config",
+                      "AutoModelForCausalLM": "modeling_transformer.Qwen3ForCausalLM"}, tie_word_embeddings=spec.tied,
             rope_theta=float(spec.rotary_base),
             rope_parameters=dict(rope_type="default", rope_theta=float(spec.rotary_base)),
             attention_bias=False, attention_dropout=0.0, use_sliding_window=False, sliding_window=None,
@@ -122,6 +127,7 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
         hidden_ratio=spec.ffn_hidden_size // spec.hidden_size if spec.ffn_hidden_size % spec.hidden_size == 0
         else spec.ffn_hidden_size / spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
         hidden_act="swish", initializer_range=0.02, elementwise_affine=True, norm_eps=spec.norm_eps,
+        qk_norm_eps=spec.qk_norm_eps,
         use_cache=True, tie_word_embeddings=spec.tied, fuse_norm=False, fuse_swiglu=False,
         fuse_cross_entropy=False, fuse_linear_cross_entropy=False, use_l2warp=False,
         vocab_size=spec.vocab_size, use_value_residual=True, value_residual_last_k=spec.value_residual_last_k,
@@ -156,6 +162,8 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
                   ffn_hidden_size=cfg["intermediate_size"],
                   kv_channels=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
                   rotary_base=theta, norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                  # native Qwen3 normalises q/k with rms_norm_eps
+                  qk_norm_eps=cfg.get("qk_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
                   tied=cfg.get("tie_word_embeddings", False))
     elif mt in ("SATFormer", "ResFormer"):
         need(cfg.get("use_value_residual", True), "use_value_residual=False (export it as a Transformer instead)")
@@ -170,6 +178,7 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
                   num_attention_heads=cfg["num_heads"], num_query_groups=cfg.get("num_kv_heads") or cfg["num_heads"],
                   ffn_hidden_size=ffn, kv_channels=h // cfg["num_heads"], rotary_base=cfg.get("rope_theta", 1e4),
                   norm_eps=cfg.get("norm_eps", 1e-6), value_residual_last_k=cfg.get("value_residual_last_k"),
+                  qk_norm_eps=cfg.get("qk_norm_eps", 1e-5),  # the authors' configs have none: fla's default 1e-5
                   tied=cfg.get("tie_word_embeddings", False))
         if mt == "SATFormer":
             kw["value_residual_gate"] = cfg.get("value_residual_gate", "relu")
@@ -211,7 +220,7 @@ def megatron_shapes(spec: ModelSpec) -> Dict[str, tuple]:
         if i + 1 in mixing and spec.arch == "resformer" and spec.resformer_lambdas == "learned":
             out[p + "self_attention.value_residual_lambda2"] = (1,)
     if spec.arch == "resformer" and spec.resformer_lambdas == "learned":
-        out["value_residual_lambdas.logits"] = (len(mixing),)
+        out["value_residual_lambdas.logits"] = (spec.num_layers - 1,)
         out["value_residual_lambdas.scale"] = (1,)
     return out
 
@@ -302,13 +311,12 @@ def megatron_to_hf(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str,
             out[a + "value_residual_mixing.lambda2"] = lam2.reshape(())
     if spec.arch == "resformer":
         dtype = state["embedding.word_embeddings.weight"].dtype
-        logits = torch.full((spec.num_layers - 1,), -math.inf, dtype=dtype)
-        idx = torch.tensor([layer - 2 for layer in mixing])  # 1-based layer n -> authors' index n - 2
-        if fixed:  # lambda1 = 0.5 for every mixing layer
-            logits[idx] = 0.0
+        if fixed:  # lambda1 = 0.5 for every mixing layer, 0 for the others
+            logits = torch.full((spec.num_layers - 1,), -math.inf, dtype=dtype)
+            logits[torch.tensor([layer - 2 for layer in mixing])] = 0.0  # 1-based layer n -> index n - 2
             scale = torch.tensor(0.5 * len(mixing), dtype=dtype)
-        else:
-            logits[idx] = state["value_residual_lambdas.logits"]
+        else:  # the same softmax over layers 2..N on both sides
+            logits = state["value_residual_lambdas.logits"]
             scale = state["value_residual_lambdas.scale"].reshape(())
         out["model.lambda_manager.lambda_logits"] = logits
         out["model.lambda_manager.lambda_scale"] = scale
@@ -348,14 +356,6 @@ def hf_to_megatron(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str,
         if i + 1 in mixing and learned:
             out[m + "self_attention.value_residual_lambda2"] = state[a + "value_residual_mixing.lambda2"].reshape(1)
     if learned:
-        logits = state["model.lambda_manager.lambda_logits"]
-        scale = state["model.lambda_manager.lambda_scale"].reshape(1)
-        idx = torch.tensor([layer - 2 for layer in mixing])
-        others = torch.ones_like(logits, dtype=torch.bool)
-        others[idx] = False
-        if torch.isfinite(logits[others]).any():  # the authors' softmax also covers non-mixing layers
-            weight = torch.softmax(logits.double(), 0)[idx].sum()
-            scale = (scale.double() * weight).to(scale.dtype)
-        out["value_residual_lambdas.logits"] = logits[idx].clone()
-        out["value_residual_lambdas.scale"] = scale
+        out["value_residual_lambdas.logits"] = state["model.lambda_manager.lambda_logits"]
+        out["value_residual_lambdas.scale"] = state["model.lambda_manager.lambda_scale"].reshape(1)
     return {k: v.contiguous() for k, v in out.items()}

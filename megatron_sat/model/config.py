@@ -9,7 +9,7 @@ SATFormer and its baselines (../shared/reference/satformer.md):
     muddformer         dynamic dense connections, 4 ways (Q,K,V,R)  (megatron_sat.model.muddformer)
     hyperconnections   n residual streams, dynamic tanh weights     (megatron_sat.model.hyperconnections)
  `make_config` fills in the paper's Llama-style defaults
-(../shared/reference/satformer.md): RMSNorm eps 1e-6, QK-norm, SwiGLU, no biases, init std 0.02.
+(../shared/reference/satformer.md): RMSNorm eps 1e-6 (q/k norms 1e-5), QK-norm, SwiGLU, no biases, init std 0.02.
 
 Which layers mix V1 (1-based global layer numbers, L layers):
     layer 1            produces V1 (its raw value projection), never mixes
@@ -44,8 +44,9 @@ class SATConfig(TransformerConfig):
 
     resformer_lambdas: str = "learned"
     """ResFormer: 'fixed' is V' = 0.5 V1 + 0.5 V; 'learned' is the SATFormer authors' baseline:
-    per-layer lambda2 (init 0.5) and lambda1 = s * softmax(logits) over the mixing layers
-    (s init to their count, logits init 0), a vector shared by every pipeline stage."""
+    per-layer lambda2 (init 0.5) and lambda1 = s * softmax(logits) over all L - 1 layers after the first
+    (s init to L, logits init 0; with last-k the non-mixing layers' logits stay in the softmax, as the
+    authors'), a vector shared by every pipeline stage."""
 
     value_residual_gate_init_std: float = 0.02
     """Std of the normal init of W_alpha."""
@@ -60,6 +61,10 @@ class SATConfig(TransformerConfig):
     """Init of the attention-output and MLP-down projections: 'scaled' is Megatron's N(0, std / sqrt(2L));
     'unscaled' is N(0, std), as the SATFormer authors' models (rescale_prenorm_residual=False) and the paper
     recipes. Ignored when output_layer_init_method is given."""
+
+    qk_norm_eps: float = 1e-5
+    """Eps of the per-head q and k RMSNorms (QK-norm). The SATFormer authors' attention builds them with
+    flash-linear-attention's RMSNorm default, 1e-5, never with norm_eps (1e-6, layernorm_epsilon here)."""
 
     muddformer_param_realloc: bool = True
     """MUDDFormer: FFN width grows linearly from 0.5x (layer 1) to 1.5x (layer L) of ffn_hidden_size,
@@ -142,15 +147,14 @@ class SATConfig(TransformerConfig):
 def muddformer_ffn_size(config: "SATConfig", layer_number: int) -> int:
     """MUDDFormer's per-layer FFN width (param_realloc): 0.5x at layer 1 to 1.5x at layer L.
 
-    Rounded to a multiple of 256 as the authors do; below ffn 1024 (debug sizes) to a multiple of 8,
-    so that tiny models are not inflated to 256-wide FFNs.
+    Rounded to the nearest multiple of 256, at least 256, as the authors do (at every size, so that
+    an export computes what their MUDDFormer code computes).
     """
     base, L = config.ffn_hidden_size, config.num_layers
     if not config.muddformer_param_realloc or L == 1:
         return base
     scale = (0.5 * (L - layer_number) + 1.5 * (layer_number - 1)) / (L - 1)
-    unit = 256 if base >= 1024 else 8
-    return max(unit, (int(round(scale * base)) + unit // 2 - 1) // unit * unit)
+    return max(256, (int(round(scale * base)) + 127) // 256 * 256)
 
 
 def gate_function(name: str):

@@ -21,7 +21,7 @@ _STALE = re.compile(r"^iter_\d{7,}\.(tmp|del)$")
 # model fields that must match for a checkpoint to be resumed (or its weights loaded): the shape and the
 # function of the model. Precision, recompute and parallel layout may change between runs.
 RESUME_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_layernorm", "gated_linear_unit",
+                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_norm_eps", "qk_layernorm", "gated_linear_unit",
                  "add_bias_linear", "value_residual_gate", "value_residual_last_k", "resformer_lambdas",
                  "mixing_layers", "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
 
