@@ -8,7 +8,9 @@ and records the Megatron logits, exports A -> HF_A, imports HF_A -> C and export
 4-process TP2 x PP2 launch reloads A with the trainer's loader and saves it as B (and a satformer
 at PP2 x VPP2), and checks that the imported C loads there too; 1 rank exports B -> HF_B. The tests then load the folders with
 real transformers (no mocks): logits match the Megatron model (fp32, relative max 1e-4), HF -> Megatron
--> HF is the identity, cached generation equals uncached, and bad inputs are refused cleanly.
+-> HF is the identity, cached generation equals uncached, and bad inputs are refused cleanly. All six archs;
+the baselines' exports hold exactly the parameter names and shapes of the SATFormer authors' classes
+(written out below from their code, which needs fla and so cannot run here).
 """
 
 import json
@@ -93,7 +95,23 @@ def test_export_names_and_classes(built):
             assert type(native) is Qwen3ForCausalLM and set(native.state_dict()) == names
             continue
         assert cfg["qk_norm_eps"] == 1e-5 and cfg["norm_eps"] == 1e-6
-        assert model.model.layers[3].attn.q_norm.eps == 1e-5 and model.model.layers[3].attn_norm.eps == 1e-6
+        assert model.model.layers[3].attn.q_norm.eps == 1e-5 and model.model.layers[3].mlp_norm.eps == 1e-6
+        if variant in AUTHORS_KEYS:  # a baseline: exactly the authors' module tree, nothing renamed or missing
+            cls = AUTHORS_CLASSES[variant]
+            assert type(model).__name__ == f"{cls}ForCausalLM" and type(model.config).__name__ == f"{cls}Config"
+            assert cfg["model_type"] == AUTHORS_MODEL_TYPES[variant] and cfg["auto_map"]
+            assert cfg["qk_norm_eps"] == 1e-5 and cfg["norm_eps"] == 1e-6
+            want = AUTHORS_KEYS[variant](cfg)
+            assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == want
+            from safetensors.torch import load_file
+
+            saved = load_file(os.path.join(folder, "model.safetensors"))
+            assert {k: tuple(v.shape) for k, v in saved.items()} == {k: v for k, v in want.items() if k != "lm_head.weight"}
+            for name in os.listdir(folder):
+                if name.endswith(".py"):
+                    text = open(os.path.join(folder, name)).read()
+                    assert "flash_attn" not in text and "import fla" not in text and "from fla" not in text, name
+            continue
         cls = "SATFormer" if variant.startswith("satformer") else "ResFormer"
         assert cfg["model_type"] == cls and type(model).__name__ == f"{cls}ForCausalLM"
         assert type(model.config).__name__ == f"{cls}Config"
@@ -110,6 +128,61 @@ def test_export_names_and_classes(built):
                 "model.layers.1.attn.value_residual_mixing.lambda2" in names) == ("last2" not in variant)
         text = open(os.path.join(folder, f"modeling_{cls.lower()}.py")).read()
         assert "flash_attn" not in text.replace("no flash-attn", "") and "import fla" not in text
+
+
+def _authors_common_keys(cfg, per_layer):
+    """The parameter names and shapes of the SATFormer authors' baseline models (read off their code:
+    models/*/modeling_*.py on flash-linear-attention's Attention(qk_norm=True) and GatedMLP)."""
+    h, L, nq = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_heads"]
+    hn, ng, f = h // nq, cfg["num_kv_heads"] or nq, cfg["intermediate_size"]
+    out = {"model.embeddings.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,),
+           "lm_head.weight": (cfg["vocab_size"], h)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        out.update({p + "attn.q_proj.weight": (nq * hn, h), p + "attn.k_proj.weight": (ng * hn, h),
+                    p + "attn.v_proj.weight": (ng * hn, h), p + "attn.o_proj.weight": (h, nq * hn),
+                    p + "attn.q_norm.weight": (hn,), p + "attn.k_norm.weight": (hn,),
+                    p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f)})
+        out.update(per_layer(p, i))
+    return out
+
+
+def _authors_hc_keys(cfg):
+    n, h = cfg["expansion_rate"], cfg["hidden_size"]
+    hc = {"static_beta": (n,), "static_alpha": (n, n + 1), "norm.weight": (h,), "dynamic_beta_proj": (h,),
+          "dynamic_alpha_proj": (h, n + 1), "dynamic_beta_scale": (1,), "dynamic_alpha_scale": (1,)}
+    return _authors_common_keys(cfg, lambda p, i: {
+        p + "attn_norm.weight": (h,), p + "mlp_norm.weight": (h,),
+        **{p + f"{sub}.{k}": s for sub in ("attn_hc", "mlp_hc") for k, s in hc.items()}})
+
+
+def _authors_denseformer_keys(cfg):
+    h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    out = _authors_common_keys(cfg, lambda p, i: {p + "attn_norm.weight": (h,), p + "mlp_norm.weight": (h,)})
+    out.update({f"model.dwa_modules.alphas.{i}.weight": (1, i + 2) for i in range(L)})  # nn.Linear(i + 2, 1)
+    return out
+
+
+def _authors_muddformer_keys(cfg):
+    h, L, base = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+
+    def width(i):  # the authors' param_realloc, 1-based layer i
+        return max(256, (int(round((0.5 * (L - i) + 1.5 * (i - 1)) / (L - 1) * base)) + 127) // 256 * 256)
+
+    def layer(p, i):
+        C, k, f = (4 if i < L - 1 else 1), i + 2, width(i + 1)
+        return {p + "attn_norm_q.weight": (h,), p + "attn_norm_k.weight": (h,), p + "attn_norm_v.weight": (h,),
+                p + "mlp_norm.weight": (h,), p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+                p + "mlp.down_proj.weight": (h, f), p + "da.w1.weight": (C * k, h), p + "da.w2.weight": (C * k, C * k),
+                p + "da.static_weight": (C, k), **{p + f"da.pre_da_norms.{j}.weight": (h,) for j in range(k)},
+                **{p + f"da.post_da_norms.{c}.weight": (h,) for c in range(C)}}
+    return _authors_common_keys(cfg, layer)
+
+
+AUTHORS_KEYS = {"hyperconnections": _authors_hc_keys, "denseformer": _authors_denseformer_keys,
+                "muddformer": _authors_muddformer_keys}
+AUTHORS_CLASSES = {"hyperconnections": "HyperConnections", "denseformer": "DenseFormer", "muddformer": "MUDDFormer"}
+AUTHORS_MODEL_TYPES = {"hyperconnections": "dhc", "denseformer": "denseformer", "muddformer": "muddformer"}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -184,8 +257,9 @@ def test_export_refusals(built):
     e = built["refusals"]
     assert "does not exist" in e["missing"]
     assert "latest_checkpointed_iteration.txt" in e["no_tracker"]
-    assert "'denseformer' cannot be converted" in e["bad_arch"]
-    assert "baseline" in e["bad_arch"] and "supported archs: transformer, resformer, satformer" in e["bad_arch"]
+    assert "'mamba' cannot be converted" in e["bad_arch"]
+    assert "supported archs: transformer, resformer, satformer, denseformer, muddformer, hyperconnections" \
+        in e["bad_arch"]
     assert "lacks tensors" in e["mismatch"] or "does not use" in e["mismatch"]
     assert "already exists" in e["exists"] and "unknown --dtype" in e["dtype"]
     # softmax_sigmoid is now defined as the authors define it (x num_kv_heads): that export must go through

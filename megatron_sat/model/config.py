@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from megatron_sat.archs import ARCHS, BASELINES, GATES, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS  # noqa: F401
+from megatron_sat.archs import ARCHS, BASELINES, GATES, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS, muddformer_ffn_width  # noqa: F401
 from megatron_sat.archs import DENSE as DENSE_ARCHS
 from megatron_sat.archs import VALUE_RESIDUAL as VALUE_RESIDUAL_ARCHS
 
@@ -150,11 +150,8 @@ def muddformer_ffn_size(config: "SATConfig", layer_number: int) -> int:
     Rounded to the nearest multiple of 256, at least 256, as the authors do (at every size, so that
     an export computes what their MUDDFormer code computes).
     """
-    base, L = config.ffn_hidden_size, config.num_layers
-    if not config.muddformer_param_realloc or L == 1:
-        return base
-    scale = (0.5 * (L - layer_number) + 1.5 * (layer_number - 1)) / (L - 1)
-    return max(256, (int(round(scale * base)) + 127) // 256 * 256)
+    return muddformer_ffn_width(config.ffn_hidden_size, config.num_layers, layer_number,
+                                config.muddformer_param_realloc)
 
 
 def gate_function(name: str):
