@@ -12,8 +12,9 @@ Pure PyTorch (SDPA), with the SATFormer authors' classes and weight names
 The embedding is copied into n streams H [b, s, n, h]; around each sublayer f (attention, MLP)
     alpha = static_alpha + s_a tanh(RMSNorm(H) W_alpha),  beta = static_beta + s_b tanh(RMSNorm(H) w_beta)
     mix = alpha^T H,  H = beta f(norm(mix[0])) + mix[1:]
-and the streams are summed before the final norm. The dynamic weights' RMSNorm is torch.nn.RMSNorm with
-its default eps (machine epsilon of the input's dtype), as the authors'.
+and the streams are summed before the final norm. The dynamic weights' RMSNorm is the authors'
+torch.nn.RMSNorm, with eps fixed at float32's machine epsilon: what their default eps (None) gives in
+float32 and what the Megatron model uses in every precision (in bfloat16 their default would be 7.8e-3).
 """
 
 import torch
@@ -21,6 +22,8 @@ from torch import nn
 
 from .baseline_layers import MLP, Attention, ForCausalLM, PreTrained, RMSNorm, init, model_output, prepare
 from .configuration_hyperconnections import HyperConnectionsConfig
+
+HC_NORM_EPS = torch.finfo(torch.float32).eps
 
 
 class HyperConnections(nn.Module):
@@ -33,7 +36,7 @@ class HyperConnections(nn.Module):
         self.static_beta = nn.Parameter(torch.ones(n))
         self.static_alpha = nn.Parameter(self.initial_alpha(n, index))
         if self.dynamic:
-            self.norm = nn.RMSNorm(h)
+            self.norm = nn.RMSNorm(h, eps=HC_NORM_EPS)
             self.dynamic_beta_proj = nn.Parameter(torch.zeros(h))
             self.dynamic_alpha_proj = nn.Parameter(torch.zeros(h, n + 1))
             self.dynamic_beta_scale = nn.Parameter(torch.full((1,), 0.01))
