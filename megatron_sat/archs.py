@@ -9,6 +9,7 @@ tools and the model config all read the same facts:
     BASELINES           the paper's dense-connection baselines: BF16 only (no FP8)
     GATES               SATFormer's gate functions (relu is the paper's)
     arch_label(...)     'satformer:dot_product' -> (arch, config overrides): A/B variants benchmarked side by side
+    muddformer_ffn_width(...)  MUDDFormer's per-layer FFN widths (model, parameter counts, HF conversion)
     arch_errors(...)    what an arch refuses, one line each (the trainer's flags and the model config
                         both report these)
 """
@@ -40,6 +41,15 @@ def arch_label(label: str):
     if variant and variant not in ARCH_VARIANTS:
         raise ValueError(f"unknown variant {variant!r} in {label!r}; choose one of {', '.join(ARCH_VARIANTS)}")
     return arch, dict(ARCH_VARIANTS.get(variant, {}))
+
+
+def muddformer_ffn_width(base: int, num_layers: int, layer_number: int, realloc: bool = True) -> int:
+    """MUDDFormer's FFN width of 1-based layer_number (param_realloc): 0.5x at layer 1 to 1.5x at layer L of
+    base, rounded to the nearest multiple of 256 and at least 256, as the authors' code does at every size."""
+    if not realloc or num_layers == 1:
+        return base
+    scale = (0.5 * (num_layers - layer_number) + 1.5 * (layer_number - 1)) / (num_layers - 1)
+    return max(256, (int(round(scale * base)) + 127) // 256 * 256)
 
 
 def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: Optional[str] = None,

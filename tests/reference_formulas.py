@@ -2,12 +2,12 @@
 Megatron model with, forward (logits) and backward (autograd through these functions).
 
 Written from ../shared/reference/satformer.md alone (no Megatron code): pre-norm RMSNorm blocks,
-per-head QK RMSNorm, rotate-half RoPE (theta 1e4), causal GQA attention, SwiGLU, tied embeddings,
+per-head QK RMSNorm (eps 1e-5, the others 1e-6), rotate-half RoPE (theta 1e4), causal GQA attention, SwiGLU, tied embeddings,
 and the value residual
 
     layer 1:     V1 = V (raw value projection)
     SATFormer:   V'[t, j] = V[t, j] + gate(x_t W_alpha)[j] * V1[t, j]     x = normed attention input
-    ResFormer:   V' = lambda1 V1 + lambda2 V,  lambda1 = s * softmax(logits) (learned) or 0.5/0.5
+    ResFormer:   V' = lambda1 V1 + lambda2 V,  lambda1 = s * softmax(logits) over layers 2..L (learned) or 0.5/0.5
 
 and the connection baselines (X_0 = embedding, X_i = layer i's output):
 
@@ -38,7 +38,12 @@ GATES = {
 }
 
 
-def rms(x, w, eps=1e-6):
+NORM_EPS = 1e-6  # the RMSNorms of the blocks and the final norm (the authors' norm_eps)
+QK_NORM_EPS = 1e-5  # the per-head q and k RMSNorms (the authors' attention: flash-linear-attention's default)
+HC_NORM_EPS = torch.finfo(torch.float32).eps  # Hyper-Connections' norm: torch.nn.RMSNorm's default eps
+
+
+def rms(x, w, eps=NORM_EPS):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
@@ -57,8 +62,8 @@ def qkv(w, p, xn, cfg):
     hn, (b, s) = h // nq, xn.shape[:2]
     fused = (xn @ w[p + "self_attention.linear_qkv.weight"].T).view(b, s, ng, (nq // ng + 2) * hn)
     q, k, v = fused.split([nq // ng * hn, hn, hn], -1)  # per KV group: its query heads, k, v
-    q = rms(q.reshape(b, s, nq, hn), w[p + "self_attention.q_layernorm.weight"])
-    k = rms(k, w[p + "self_attention.k_layernorm.weight"])
+    q = rms(q.reshape(b, s, nq, hn), w[p + "self_attention.q_layernorm.weight"], QK_NORM_EPS)
+    k = rms(k, w[p + "self_attention.k_layernorm.weight"], QK_NORM_EPS)
     return q, k, v
 
 
@@ -109,8 +114,9 @@ def value_residual_decoder(w, cfg, x):
             if cfg.get("resformer_lambdas") == "fixed":
                 v = 0.5 * v1 + 0.5 * v
             else:
+                # softmax over all L - 1 layers after the first, mixing or not (the authors')
                 lam1 = w["value_residual_lambdas.scale"] * torch.softmax(w["value_residual_lambdas.logits"], 0)
-                v = lam1[mixing.index(n)] * v1 + w[p + "self_attention.value_residual_lambda2"] * v
+                v = lam1[n - 2] * v1 + w[p + "self_attention.value_residual_lambda2"] * v
         x = x + attend(w, p, q, k, v)
         x = x + mlp(w, p, rms(x, w[p + "pre_mlp_layernorm.weight"]))
     return x
@@ -153,7 +159,7 @@ def hyper_connection(w, p, H, f, dynamic):
     """H [b, s, n, h] -> beta y + the n remixed streams, y = f(the mixed sublayer input)."""
     alpha, beta = w[p + "static_alpha"], w[p + "static_beta"]  # [n, n+1], [n]
     if dynamic:
-        Hn = rms(H, w[p + "norm.weight"])
+        Hn = rms(H, w[p + "norm.weight"], HC_NORM_EPS)
         alpha = alpha + w[p + "dynamic_alpha_scale"] * torch.tanh(Hn @ w[p + "dynamic_alpha"])  # [b, s, n, n+1]
         beta = beta + w[p + "dynamic_beta_scale"] * torch.tanh(Hn @ w[p + "dynamic_beta"])  # [b, s, n]
     alpha = alpha.expand(*H.shape[:2], *alpha.shape[-2:])

@@ -8,7 +8,9 @@ and records the Megatron logits, exports A -> HF_A, imports HF_A -> C and export
 4-process TP2 x PP2 launch reloads A with the trainer's loader and saves it as B (and a satformer
 at PP2 x VPP2), and checks that the imported C loads there too; 1 rank exports B -> HF_B. The tests then load the folders with
 real transformers (no mocks): logits match the Megatron model (fp32, relative max 1e-4), HF -> Megatron
--> HF is the identity, cached generation equals uncached, and bad inputs are refused cleanly.
+-> HF is the identity, cached generation equals uncached, and bad inputs are refused cleanly. All six archs;
+the baselines' exports hold exactly the parameter names and shapes of the SATFormer authors' classes
+(written out below from their code, which needs fla and so cannot run here).
 """
 
 import json
@@ -79,11 +81,36 @@ def test_export_names_and_classes(built):
             cfg = json.load(f)
         model = hf_model(folder)
         names = set(model.state_dict())
-        if variant == "transformer":  # native transformers, no remote code
+        if variant == "transformer":  # transformers' Qwen3, subclassed only to give q/k norms their own eps
+            from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+
             assert cfg["model_type"] == "qwen3" and type(model).__name__ == "Qwen3ForCausalLM"
-            assert not [n for n in os.listdir(folder) if n.endswith(".py")]
+            assert isinstance(model, Qwen3ForCausalLM)
+            assert [n for n in os.listdir(folder) if n.endswith(".py")] == ["modeling_transformer.py"]
             assert cfg["head_dim"] == 16 and cfg["rms_norm_eps"] == 1e-6 and cfg["tie_word_embeddings"] is True
+            assert cfg["qk_norm_eps"] == 1e-5 and model.model.layers[3].self_attn.k_norm.variance_epsilon == 1e-5
+            assert model.model.layers[3].input_layernorm.variance_epsilon == 1e-6
             assert "model.layers.0.self_attn.q_norm.weight" in names
+            native = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)  # loads without remote code
+            assert type(native) is Qwen3ForCausalLM and set(native.state_dict()) == names
+            continue
+        assert cfg["qk_norm_eps"] == 1e-5 and cfg["norm_eps"] == 1e-6
+        assert model.model.layers[3].attn.q_norm.eps == 1e-5 and model.model.layers[3].mlp_norm.eps == 1e-6
+        if variant in AUTHORS_KEYS:  # a baseline: exactly the authors' module tree, nothing renamed or missing
+            cls = AUTHORS_CLASSES[variant]
+            assert type(model).__name__ == f"{cls}ForCausalLM" and type(model.config).__name__ == f"{cls}Config"
+            assert cfg["model_type"] == AUTHORS_MODEL_TYPES[variant] and cfg["auto_map"]
+            assert cfg["qk_norm_eps"] == 1e-5 and cfg["norm_eps"] == 1e-6
+            want = AUTHORS_KEYS[variant](cfg)
+            assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == want
+            from safetensors.torch import load_file
+
+            saved = load_file(os.path.join(folder, "model.safetensors"))
+            assert {k: tuple(v.shape) for k, v in saved.items()} == {k: v for k, v in want.items() if k != "lm_head.weight"}
+            for name in os.listdir(folder):
+                if name.endswith(".py"):
+                    text = open(os.path.join(folder, name)).read()
+                    assert "flash_attn" not in text and "import fla" not in text and "from fla" not in text, name
             continue
         cls = "SATFormer" if variant.startswith("satformer") else "ResFormer"
         assert cfg["model_type"] == cls and type(model).__name__ == f"{cls}ForCausalLM"
@@ -101,6 +128,61 @@ def test_export_names_and_classes(built):
                 "model.layers.1.attn.value_residual_mixing.lambda2" in names) == ("last2" not in variant)
         text = open(os.path.join(folder, f"modeling_{cls.lower()}.py")).read()
         assert "flash_attn" not in text.replace("no flash-attn", "") and "import fla" not in text
+
+
+def _authors_common_keys(cfg, per_layer):
+    """The parameter names and shapes of the SATFormer authors' baseline models (read off their code:
+    models/*/modeling_*.py on flash-linear-attention's Attention(qk_norm=True) and GatedMLP)."""
+    h, L, nq = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_heads"]
+    hn, ng, f = h // nq, cfg["num_kv_heads"] or nq, cfg["intermediate_size"]
+    out = {"model.embeddings.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,),
+           "lm_head.weight": (cfg["vocab_size"], h)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        out.update({p + "attn.q_proj.weight": (nq * hn, h), p + "attn.k_proj.weight": (ng * hn, h),
+                    p + "attn.v_proj.weight": (ng * hn, h), p + "attn.o_proj.weight": (h, nq * hn),
+                    p + "attn.q_norm.weight": (hn,), p + "attn.k_norm.weight": (hn,),
+                    p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f)})
+        out.update(per_layer(p, i))
+    return out
+
+
+def _authors_hc_keys(cfg):
+    n, h = cfg["expansion_rate"], cfg["hidden_size"]
+    hc = {"static_beta": (n,), "static_alpha": (n, n + 1), "norm.weight": (h,), "dynamic_beta_proj": (h,),
+          "dynamic_alpha_proj": (h, n + 1), "dynamic_beta_scale": (1,), "dynamic_alpha_scale": (1,)}
+    return _authors_common_keys(cfg, lambda p, i: {
+        p + "attn_norm.weight": (h,), p + "mlp_norm.weight": (h,),
+        **{p + f"{sub}.{k}": s for sub in ("attn_hc", "mlp_hc") for k, s in hc.items()}})
+
+
+def _authors_denseformer_keys(cfg):
+    h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    out = _authors_common_keys(cfg, lambda p, i: {p + "attn_norm.weight": (h,), p + "mlp_norm.weight": (h,)})
+    out.update({f"model.dwa_modules.alphas.{i}.weight": (1, i + 2) for i in range(L)})  # nn.Linear(i + 2, 1)
+    return out
+
+
+def _authors_muddformer_keys(cfg):
+    h, L, base = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+
+    def width(i):  # the authors' param_realloc, 1-based layer i
+        return max(256, (int(round((0.5 * (L - i) + 1.5 * (i - 1)) / (L - 1) * base)) + 127) // 256 * 256)
+
+    def layer(p, i):
+        C, k, f = (4 if i < L - 1 else 1), i + 2, width(i + 1)
+        return {p + "attn_norm_q.weight": (h,), p + "attn_norm_k.weight": (h,), p + "attn_norm_v.weight": (h,),
+                p + "mlp_norm.weight": (h,), p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+                p + "mlp.down_proj.weight": (h, f), p + "da.w1.weight": (C * k, h), p + "da.w2.weight": (C * k, C * k),
+                p + "da.static_weight": (C, k), **{p + f"da.pre_da_norms.{j}.weight": (h,) for j in range(k)},
+                **{p + f"da.post_da_norms.{c}.weight": (h,) for c in range(C)}}
+    return _authors_common_keys(cfg, layer)
+
+
+AUTHORS_KEYS = {"hyperconnections": _authors_hc_keys, "denseformer": _authors_denseformer_keys,
+                "muddformer": _authors_muddformer_keys}
+AUTHORS_CLASSES = {"hyperconnections": "HyperConnections", "denseformer": "DenseFormer", "muddformer": "MUDDFormer"}
+AUTHORS_MODEL_TYPES = {"hyperconnections": "dhc", "denseformer": "denseformer", "muddformer": "muddformer"}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -175,8 +257,9 @@ def test_export_refusals(built):
     e = built["refusals"]
     assert "does not exist" in e["missing"]
     assert "latest_checkpointed_iteration.txt" in e["no_tracker"]
-    assert "'denseformer' cannot be converted" in e["bad_arch"]
-    assert "baseline" in e["bad_arch"] and "supported archs: transformer, resformer, satformer" in e["bad_arch"]
+    assert "'mamba' cannot be converted" in e["bad_arch"]
+    assert "supported archs: transformer, resformer, satformer, denseformer, muddformer, hyperconnections" \
+        in e["bad_arch"]
     assert "lacks tensors" in e["mismatch"] or "does not use" in e["mismatch"]
     assert "already exists" in e["exists"] and "unknown --dtype" in e["dtype"]
     # softmax_sigmoid is now defined as the authors define it (x num_kv_heads): that export must go through
@@ -249,22 +332,24 @@ def test_cli(built, tmp_path):
     assert r.returncode == 2 and "error:" in r.stderr and not (tmp_path / "y").exists()
 
 
-def test_authors_resformer_lambdas_folded():
-    """The authors' lambda1 softmax spans all layers after the first; with last-k the weight of the
-    non-mixing layers is folded into the scale, so every mixing layer keeps its lambda1."""
-    from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_to_hf
+def test_resformer_lambdas_as_the_authors():
+    """lambda1 = scale * softmax over all N - 1 layers after the first, with last-k too: the logits and the scale
+    map one to one (the non-mixing layers' logits stay in the softmax); a fixed ResFormer exports lambda1 = 0.5."""
+    from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_shapes, megatron_to_hf
 
-    spec = ModelSpec(arch="resformer", num_layers=5, hidden_size=16, num_attention_heads=2, num_query_groups=1,
-                     ffn_hidden_size=32, kv_channels=8, vocab_size=11, max_position_embeddings=8,
-                     value_residual_last_k=2)
+    kw = dict(arch="resformer", num_layers=5, hidden_size=16, num_attention_heads=2, num_query_groups=1,
+              ffn_hidden_size=32, kv_channels=8, vocab_size=11, max_position_embeddings=8, value_residual_last_k=2)
+    spec = ModelSpec(**kw)
+    assert megatron_shapes(spec)["value_residual_lambdas.logits"] == (4,)
     g = torch.Generator().manual_seed(0)
     hf = {k: torch.randn(s, generator=g) for k, s in hf_shapes(spec).items()}
-    theirs = hf["model.lambda_manager.lambda_scale"] * torch.softmax(hf["model.lambda_manager.lambda_logits"], 0)
     meg = hf_to_megatron(hf, spec)
-    ours = meg["value_residual_lambdas.scale"] * torch.softmax(meg["value_residual_lambdas.logits"], 0)
-    torch.testing.assert_close(ours, theirs[[2, 3]])  # layers 4 and 5 (1-based) = authors' indices 2, 3
+    assert torch.equal(meg["value_residual_lambdas.logits"], hf["model.lambda_manager.lambda_logits"])
+    assert torch.equal(meg["value_residual_lambdas.scale"].reshape(()), hf["model.lambda_manager.lambda_scale"])
     back = megatron_to_hf(meg, spec)
-    assert torch.isinf(back["model.lambda_manager.lambda_logits"][:2]).all()
-    again = back["model.lambda_manager.lambda_scale"] * torch.softmax(back["model.lambda_manager.lambda_logits"], 0)
-    torch.testing.assert_close(again[[2, 3]], theirs[[2, 3]])
-    assert torch.equal(hf_to_megatron(back, spec)["value_residual_lambdas.scale"], meg["value_residual_lambdas.scale"])
+    assert all(torch.equal(back[k], hf[k]) for k in hf)
+    fixed = ModelSpec(**dict(kw, resformer_lambdas="fixed"))
+    state = {k: torch.randn(s, generator=g) for k, s in megatron_shapes(fixed).items()}
+    out = megatron_to_hf(state, fixed)
+    lam1 = out["model.lambda_manager.lambda_scale"] * torch.softmax(out["model.lambda_manager.lambda_logits"], 0)
+    torch.testing.assert_close(lam1, torch.tensor([0.0, 0.0, 0.5, 0.5]))

@@ -48,6 +48,7 @@ VARIANTS = {
     "satformer_identity": dict(arch="satformer", value_residual_gate="identity"),
     "resformer_learned": dict(arch="resformer"),
     "resformer_fixed": dict(arch="resformer", resformer_lambdas="fixed"),
+    "resformer_learned_last2": dict(arch="resformer", value_residual_last_k=2),
     "denseformer": dict(arch="denseformer"),
     "muddformer": dict(arch="muddformer"),
     "hyperconnections": dict(arch="hyperconnections"),
@@ -116,8 +117,11 @@ def _init_differences(name, cfg, params, transformer):
         normal([x for x in gates if x in params], 0.02, "W_alpha ~ N(0, 0.02)")
     if arch == "resformer" and cfg.get("resformer_lambdas", "learned") == "learned":
         expect("value_residual_lambdas.logits", 0.0, "logits 0")
-        expect("value_residual_lambdas.scale", float(L - 1), "s = number of mixing layers")
-        for i in range(2, L + 1):
+        if params["value_residual_lambdas.logits"].shape != (L - 1,):
+            bad.append("value_residual_lambdas.logits: one per layer after the first (L - 1), as the authors'")
+        expect("value_residual_lambdas.scale", float(L), "s = number of layers (the authors')")
+        k = cfg.get("value_residual_last_k") or L - 1
+        for i in range(L - k + 1, L + 1):
             expect(f"{layer(i)}self_attention.value_residual_lambda2", 0.5, "lambda2 = 0.5")
     if arch == "denseformer":
         for i in range(1, L + 1):
@@ -265,3 +269,20 @@ def test_documented_init(errors, variant):
 def test_parameter_count_formula(errors, variant):
     built, formula = errors[variant + "/params"]
     assert built == formula, f"{variant}: the model has {built} parameters, count_parameters says {formula}"
+
+
+def test_muddformer_ffn_widths_as_the_authors():
+    """param_realloc widths: the authors' formula (models/muddformer), multiples of 256 and at least 256 at every
+    size, debug sizes below an FFN of 1024 included."""
+    from megatron_sat.model.config import make_config, muddformer_ffn_size
+
+    def authors(base, L, i):  # their MUDDFormerBlock, 1-based layer i
+        scale = (0.5 * (L - i) + 1.5 * (i - 1)) / (L - 1)
+        return max(256, (int(round(scale * base)) + 127) // 256 * 256)
+
+    for L, base in ((4, 80), (4, 768), (6, 1000), (11, 3072), (24, 5632)):
+        config = make_config("muddformer", num_layers=L, hidden_size=64, num_attention_heads=4, ffn_hidden_size=base)
+        widths = [muddformer_ffn_size(config, i) for i in range(1, L + 1)]
+        assert widths == [authors(base, L, i) for i in range(1, L + 1)], (L, base, widths)
+    assert [muddformer_ffn_size(make_config("muddformer", num_layers=4, hidden_size=64, num_attention_heads=4,
+                                            ffn_hidden_size=768), i) for i in (1, 2, 3, 4)] == [256, 512, 768, 1024]

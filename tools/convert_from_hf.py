@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Import a Hugging Face folder (SATFormer / ResFormer / Qwen3-style Transformer) as a checkpoint
+"""Import a Hugging Face folder (any of the six archs in the SATFormer authors' formats, or Qwen3) as a checkpoint
 that the trainer resumes from, at any TP/PP layout.
 
     python tools/convert_from_hf.py --hf hf/satformer --save runs/sat-import \\

@@ -7,8 +7,9 @@
 --load is a run folder (its latest complete iteration, per latest_checkpointed_iteration.txt) or
 one iter_XXXXXXX folder. The output loads offline with
     transformers.AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True)
-SATFormer / ResFormer: the SATFormer authors' classes and names, modeling code in the folder;
-Transformer: transformers' Qwen3. The tokenizer the run recorded is saved with it (or --tokenizer).
+SATFormer, ResFormer, DenseFormer, MUDDFormer, Hyper-Connections: the SATFormer authors' classes and
+names, modeling code in the folder; Transformer: transformers' Qwen3 (q/k norm eps set by a subclass).
+The tokenizer the run recorded is saved with it (or --tokenizer).
 The folder is written aside and moved into place when complete. Exit codes: 0 done, 2 bad input.
 """
 

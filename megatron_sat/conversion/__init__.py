@@ -3,10 +3,10 @@
     python tools/convert_to_hf.py --load RUN_OR_ITER_DIR --output HF_DIR [--dtype bfloat16] [--verify]
     python tools/convert_from_hf.py --hf HF_DIR --save RUN_DIR [trainer flags, e.g. layout and LR schedule]
 
-SATFormer and ResFormer are written with the SATFormer authors' classes, config fields and weight
-names (modeling code shipped in the folder: trust_remote_code=True); the Transformer baseline as
-transformers' native Qwen3. The DenseFormer, MUDDFormer and Hyper-Connections baselines have no HF
-format: converting one raises ConversionError naming the arch and the convertible ones. Modules:
+SATFormer, ResFormer and the DenseFormer, MUDDFormer and Hyper-Connections baselines are written with
+the SATFormer authors' classes, config fields and weight names (pure-PyTorch modeling code shipped in
+the folder: trust_remote_code=True); the Transformer baseline as transformers' Qwen3 (a subclass in the
+folder gives its q/k norms their own eps). Modules:
     mapping      ModelSpec, HF configs, weight names and layouts (torch only)
     hf_io        HF folders: read (shards checked), write aside and move into place
     megatron_io  checkpoints, recorded configuration, the TP1/PP1 model in one CPU process

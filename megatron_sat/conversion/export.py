@@ -6,8 +6,8 @@
 Steps: find the checkpoint (a run folder -> its latest complete iteration), read the configuration
 the trainer recorded in it, build the model at TP1/PP1 (dist-checkpointing reshards whatever layout
 it was saved at), rename and split the weights (mapping.py), and write the folder aside before
-moving it into place. SATFormer / ResFormer folders carry their modeling code (trust_remote_code);
-the Transformer baseline is transformers' own Qwen3.
+moving it into place. Every folder carries its modeling code (trust_remote_code): the authors' classes
+for SATFormer, ResFormer and the three baselines, a Qwen3 subclass for the Transformer.
 """
 
 import json

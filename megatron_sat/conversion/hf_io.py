@@ -13,7 +13,7 @@ from typing import Dict, Optional
 
 import torch
 
-from megatron_sat.conversion.mapping import HF_CLASSES, ConversionError, ModelSpec
+from megatron_sat.conversion.mapping import HF_CLASSES, VALUE_RESIDUAL, ConversionError, ModelSpec
 
 HF_CODE = Path(__file__).parent / "hf_code"
 INDEX = "model.safetensors.index.json"
@@ -94,8 +94,16 @@ def save_safetensors(state: Dict[str, torch.Tensor], folder: Path, max_shard_byt
 
 
 def write_remote_code(spec: ModelSpec, folder: Path) -> None:
-    """configuration_<arch>.py and modeling_<arch>.py (SATFormer / ResFormer only)."""
+    """configuration_<arch>.py and modeling_<arch>.py (Transformer: modeling_transformer.py, Qwen3 subclasses)."""
+    if spec.arch == "transformer":
+        (folder / "modeling_transformer.py").write_text((HF_CODE / "modeling_qwen3_qknorm.py").read_text())
+        return
     if spec.arch not in HF_CLASSES:
+        return
+    if spec.arch not in VALUE_RESIDUAL:  # the baselines: their model, their config, the shared layers
+        (folder / f"configuration_{spec.arch}.py").write_text((HF_CODE / "configuration_baselines.py").read_text())
+        (folder / f"modeling_{spec.arch}.py").write_text((HF_CODE / f"modeling_{spec.arch}.py").read_text())
+        (folder / "baseline_layers.py").write_text((HF_CODE / "baseline_layers.py").read_text())
         return
     config_src = (HF_CODE / "configuration_valueresidual.py").read_text()
     model_src = (HF_CODE / "modeling_valueresidual.py").read_text()

@@ -39,7 +39,8 @@ from megatron_sat.conversion.mapping import ConversionError, hf_to_megatron, spe
 from megatron_sat.outputs import check_output
 
 SHAPE_FLAGS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-               "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base")
+               "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base", "qk_norm_eps",
+               "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
 ADAM_STEP = 1e-30
 TRACKER = "latest_checkpointed_iteration.txt"  # = training.checkpointing.TRACKER (that module imports megatron)
 
@@ -49,12 +50,12 @@ def trainer_args(spec, trainer_argv: List[str]):
     from megatron_sat.training.arguments import build_parser
 
     parser = build_parser()
-    given = {a.dest for a in parser._actions for opt in a.option_strings
-             if any(x == opt or x.startswith(opt + "=") for x in trainer_argv)}
-    clash = sorted(given & set(SHAPE_FLAGS))
+    passed = {(a.dest, opt) for a in parser._actions for opt in a.option_strings
+              if any(x == opt or x.startswith(opt + "=") for x in trainer_argv)}
+    given = {dest for dest, _ in passed}
+    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS)
     if clash:
-        raise ConversionError("the model's shape comes from the HF config; do not pass "
-                              + ", ".join("--" + c.replace("_", "-") for c in clash))
+        raise ConversionError("the model's shape comes from the HF config; do not pass " + ", ".join(clash))
     args = parser.parse_args(trainer_argv)
     if spec.kv_channels * spec.num_attention_heads != spec.hidden_size:
         raise ConversionError(f"head_dim {spec.kv_channels} != hidden_size / heads: the trainer cannot build it")
@@ -68,7 +69,9 @@ def trainer_args(spec, trainer_argv: List[str]):
     args.num_attention_heads, args.num_query_groups = spec.num_attention_heads, spec.num_query_groups
     args.ffn_hidden_size, args.rotary_base = spec.ffn_hidden_size, int(spec.rotary_base)
     args.value_residual_gate, args.value_residual_last_k = spec.value_residual_gate, spec.value_residual_last_k
-    args.resformer_lambdas = spec.resformer_lambdas
+    args.resformer_lambdas, args.qk_norm_eps = spec.resformer_lambdas, spec.qk_norm_eps
+    args.hc_expansion_rate, args.hc_dynamic = spec.hc_expansion_rate, spec.hc_dynamic
+    args.muddformer_param_realloc = spec.muddformer_param_realloc
     if "seq_length" not in given:
         args.seq_length = spec.max_position_embeddings
     return args

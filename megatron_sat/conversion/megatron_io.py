@@ -106,6 +106,9 @@ def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
         value_residual_gate=args.get("value_residual_gate") or "relu",
         value_residual_last_k=args.get("value_residual_last_k"),
         resformer_lambdas=args.get("resformer_lambdas") or "learned",
+        qk_norm_eps=args.get("qk_norm_eps", 1e-6),  # checkpoints that record none were trained with 1e-6
+        hc_expansion_rate=args.get("hc_expansion_rate") or 4, hc_dynamic=args.get("hc_dynamic", True),
+        muddformer_param_realloc=args.get("muddformer_param_realloc", True),
         tied="output_layer.weight" not in metadata,
     )
 
@@ -122,7 +125,9 @@ def make_model(spec: ModelSpec, dtype: torch.dtype, **config_overrides):
         num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,
         ffn_hidden_size=spec.ffn_hidden_size, kv_channels=spec.kv_channels, layernorm_epsilon=spec.norm_eps,
         value_residual_gate=spec.value_residual_gate, value_residual_last_k=spec.value_residual_last_k,
-        resformer_lambdas=spec.resformer_lambdas, params_dtype=dtype, bf16=dtype == torch.bfloat16,
+        resformer_lambdas=spec.resformer_lambdas, qk_norm_eps=spec.qk_norm_eps,
+        hc_expansion_rate=spec.hc_expansion_rate, hc_dynamic=spec.hc_dynamic,
+        muddformer_param_realloc=spec.muddformer_param_realloc, params_dtype=dtype, bf16=dtype == torch.bfloat16,
         **config_overrides)
     chunks = build_model(config, vocab_size=spec.vocab_size, max_sequence_length=spec.max_position_embeddings,
                          backend="local", rotary_base=spec.rotary_base,

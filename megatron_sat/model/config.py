@@ -9,7 +9,7 @@ SATFormer and its baselines (../shared/reference/satformer.md):
     muddformer         dynamic dense connections, 4 ways (Q,K,V,R)  (megatron_sat.model.muddformer)
     hyperconnections   n residual streams, dynamic tanh weights     (megatron_sat.model.hyperconnections)
  `make_config` fills in the paper's Llama-style defaults
-(../shared/reference/satformer.md): RMSNorm eps 1e-6, QK-norm, SwiGLU, no biases, init std 0.02.
+(../shared/reference/satformer.md): RMSNorm eps 1e-6 (q/k norms 1e-5), QK-norm, SwiGLU, no biases, init std 0.02.
 
 Which layers mix V1 (1-based global layer numbers, L layers):
     layer 1            produces V1 (its raw value projection), never mixes
@@ -24,7 +24,15 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from megatron_sat.archs import ARCHS, BASELINES, GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS  # noqa: F401
+from megatron_sat.archs import (  # noqa: F401
+    ARCHS,
+    BASELINES,
+    GATES,
+    LOCAL_ATTENTION,
+    OUTPUT_LAYER_INITS,
+    RESFORMER_LAMBDAS,
+    muddformer_ffn_width,
+)
 from megatron_sat.archs import DENSE as DENSE_ARCHS
 from megatron_sat.archs import VALUE_RESIDUAL as VALUE_RESIDUAL_ARCHS
 
@@ -44,8 +52,9 @@ class SATConfig(TransformerConfig):
 
     resformer_lambdas: str = "learned"
     """ResFormer: 'fixed' is V' = 0.5 V1 + 0.5 V; 'learned' is the SATFormer authors' baseline:
-    per-layer lambda2 (init 0.5) and lambda1 = s * softmax(logits) over the mixing layers
-    (s init to their count, logits init 0), a vector shared by every pipeline stage."""
+    per-layer lambda2 (init 0.5) and lambda1 = s * softmax(logits) over all L - 1 layers after the first
+    (s init to L, logits init 0; with last-k the non-mixing layers' logits stay in the softmax, as the
+    authors'), a vector shared by every pipeline stage."""
 
     value_residual_gate_init_std: float = 0.02
     """Std of the normal init of W_alpha."""
@@ -65,6 +74,10 @@ class SATConfig(TransformerConfig):
     """Core attention of the local (non-TE) backend: 'sdpa' is torch's scaled_dot_product_attention (flash /
     cuDNN / memory-efficient kernels on a GPU; megatron_sat.model.core_attention), 'dot_product' Megatron's
     DotProductAttention (materialises the [b, heads, s, s] scores). Not a weight: checkpoints load in either."""
+
+    qk_norm_eps: float = 1e-5
+    """Eps of the per-head q and k RMSNorms (QK-norm). The SATFormer authors' attention builds them with
+    flash-linear-attention's RMSNorm default, 1e-5, never with norm_eps (1e-6, layernorm_epsilon here)."""
 
     muddformer_param_realloc: bool = True
     """MUDDFormer: FFN width grows linearly from 0.5x (layer 1) to 1.5x (layer L) of ffn_hidden_size,
@@ -150,15 +163,11 @@ class SATConfig(TransformerConfig):
 def muddformer_ffn_size(config: "SATConfig", layer_number: int) -> int:
     """MUDDFormer's per-layer FFN width (param_realloc): 0.5x at layer 1 to 1.5x at layer L.
 
-    Rounded to a multiple of 256 as the authors do; below ffn 1024 (debug sizes) to a multiple of 8,
-    so that tiny models are not inflated to 256-wide FFNs.
+    Rounded to the nearest multiple of 256, at least 256, as the authors do (at every size, so that
+    an export computes what their MUDDFormer code computes).
     """
-    base, L = config.ffn_hidden_size, config.num_layers
-    if not config.muddformer_param_realloc or L == 1:
-        return base
-    scale = (0.5 * (L - layer_number) + 1.5 * (layer_number - 1)) / (L - 1)
-    unit = 256 if base >= 1024 else 8
-    return max(unit, (int(round(scale * base)) + unit // 2 - 1) // unit * unit)
+    return muddformer_ffn_width(config.ffn_hidden_size, config.num_layers, layer_number,
+                                config.muddformer_param_realloc)
 
 
 def gate_function(name: str):

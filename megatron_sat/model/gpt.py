@@ -9,7 +9,7 @@ through Megatron's `context` slot and that must cross pipeline-stage boundaries:
   * output: the chunk's last layer appends the carry to the hidden state (unless last stage).
 Hyper-Connections needs no second activation (its n streams are the hidden state, n*h wide) and
 the Transformer is Megatron's GPTModel.
-ResFormer's learned lambda1 = s * softmax(logits) spans all layers, so (logits, s) live in a small
+ResFormer's learned lambda1 = s * softmax(logits) spans all layers after the first, so (logits, s) live in a small
 module replicated on every chunk; megatron_sat.parallel.grads sums their gradients over chunks and
 pipeline stages so that all replicas stay identical.
 """
@@ -28,21 +28,25 @@ from megatron_sat.model.specs import layer_spec
 
 
 class ResFormerLambdas(MegatronModule):
-    """lambda1[n] = s * softmax(logits)[n] over the mixing layers; a replica on every model chunk."""
+    """lambda1[n] = s * softmax(logits)[n - 2] for layers n = 2..L; a replica on every model chunk.
+
+    As the SATFormer authors' model: L - 1 logits (init 0) and s init to L. With value_residual_last_k only the
+    last k layers mix V1, but the softmax still runs over all L - 1 logits, so those of the other layers
+    keep a share of the weight (and a gradient).
+    """
 
     def __init__(self, config: SATConfig, primary: bool):
         super().__init__(config=config)
-        layers = config.mixing_layers
-        self.index = {layer: i for i, layer in enumerate(layers)}
-        self.logits = torch.nn.Parameter(torch.zeros(len(layers), dtype=config.params_dtype))
-        self.scale = torch.nn.Parameter(torch.full((1,), float(len(layers)), dtype=config.params_dtype))
+        L = config.num_layers
+        self.logits = torch.nn.Parameter(torch.zeros(L - 1, dtype=config.params_dtype))
+        self.scale = torch.nn.Parameter(torch.full((1,), float(L), dtype=config.params_dtype))
         for p in (self.logits, self.scale):
             p.pipeline_replicated = True  # gradients summed over all chunks (parallel/grads.py)
             p.tp_partial_grad = True  # each TP rank sees only its KV heads (parallel/grads.py)
             p.shared = not primary  # counted once in the gradient norm, like tied embeddings
 
     def lambda1(self, layer_number: int) -> torch.Tensor:
-        return self.scale * torch.softmax(self.logits, dim=0)[self.index[layer_number]]
+        return self.scale * torch.softmax(self.logits, dim=0)[layer_number - 2]
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         replica = (int(self.logits.shared), parallel_state.get_tensor_model_parallel_rank(),

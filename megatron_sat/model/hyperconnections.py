@@ -2,7 +2,7 @@
 
 Each sublayer (attention, then MLP) reads and writes the stream matrix H [s, b, n, h]:
 
-    alpha [s, b, n, n+1] = static_alpha + s_a * tanh(RMSNorm(H) @ W_alpha)     (dynamic)
+    alpha [s, b, n, n+1] = static_alpha + s_a * tanh(RMSNorm(H) @ W_alpha)     (dynamic; RMSNorm eps 1.19e-7)
     beta  [s, b, n]      = static_beta  + s_b * tanh(RMSNorm(H) @ w_beta)
     mix = alpha^T H                                           [s, b, n+1, h]
     y   = sublayer(norm(mix[:, :, 0]))                        the usual pre-norm attention or MLP
@@ -28,6 +28,8 @@ from megatron.core.utils import make_viewless_tensor
 
 from megatron_sat.model.config import SATConfig
 
+HC_NORM_EPS = torch.finfo(torch.float32).eps  # what torch.nn.RMSNorm(eps=None) uses on float32 inputs
+
 
 class HyperConnection(torch.nn.Module):
     """The width and depth connections around one sublayer (index k counts sublayers from 0)."""
@@ -44,7 +46,8 @@ class HyperConnection(torch.nn.Module):
         self.static_beta = torch.nn.Parameter(torch.ones(n, dtype=dtype))
         params = [self.static_alpha, self.static_beta]
         if self.dynamic:
-            self.norm = norm_builder(config=config, hidden_size=h, eps=config.layernorm_epsilon)
+            # torch.nn.RMSNorm's default eps (the authors' norm): float32 machine epsilon, not norm_eps
+            self.norm = norm_builder(config=config, hidden_size=h, eps=HC_NORM_EPS)
             self.dynamic_alpha = torch.nn.Parameter(torch.zeros(h, n + 1, dtype=dtype))
             self.dynamic_beta = torch.nn.Parameter(torch.zeros(h, dtype=dtype))
             self.dynamic_alpha_scale = torch.nn.Parameter(torch.full((1,), 0.01, dtype=dtype))

@@ -29,7 +29,7 @@ def count_parameters(config, vocab_size: int, tied_embeddings: bool = True) -> d
     if config.arch == "satformer":
         value_residual = mixing * ng * h  # W_alpha per mixing layer
     elif config.arch == "resformer" and config.resformer_lambdas == "learned":
-        value_residual = mixing + mixing + 1  # lambda2 per layer, logits, scale
+        value_residual = mixing + (L - 1) + 1  # lambda2 per mixing layer; logits for layers 2..L; scale
     else:
         value_residual = 0
     connections, mlp_total, norms_total = 0, L * mlp, L * norms + h

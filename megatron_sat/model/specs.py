@@ -7,6 +7,7 @@ A variant is a spec plus a small subclass, on Megatron's own submodules:
     muddformer         layer MUDDFormerLayer, attention MultiInputSelfAttention, unfused input norm
     hyperconnections   layer HyperConnectionsLayer
 The baselines' extra norms are built from `norm` in LayerSubmodules (the backend's RMSNorm).
+Every arch's q/k norms use config.qk_norm_eps (`qk_norm_builder`), not layernorm_epsilon.
 
 Two backends with the same classes on top:
   * local: pure Megatron-Core modules, runs anywhere (the CPU path and the tests); core attention on
@@ -26,7 +27,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
-from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
 
 from megatron_sat.model.attention import ValueResidualSelfAttention
@@ -56,6 +57,15 @@ def te_available() -> bool:
     return HAVE_TE and torch.cuda.is_available()
 
 
+def qk_norm_builder(norm):
+    """The q/k norm built with config.qk_norm_eps: Megatron's attention passes layernorm_epsilon to it."""
+
+    def build(hidden_size, config, eps=None):
+        return build_module(norm, hidden_size=hidden_size, config=config, eps=config.qk_norm_eps)
+
+    return build
+
+
 def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
     """The decoder layer spec for config.arch on `backend` ('local', 'te' or None = best available)."""
     backend = backend or ("te" if te_available() else "local")
@@ -69,11 +79,12 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
             spec.submodules.self_attention.submodules.core_attention = SDPAttention
     else:
         raise ValueError(f"unknown backend {backend!r}; choose 'local' or 'te'")
-    if config.arch == "transformer":
-        return spec
-
     layer = copy.deepcopy(spec.submodules)
     attention = layer.self_attention
+    for name in ("q_layernorm", "k_layernorm"):
+        setattr(attention.submodules, name, qk_norm_builder(getattr(attention.submodules, name)))
+    if config.arch == "transformer":
+        return ModuleSpec(module=spec.module, params=spec.params, submodules=layer)
     unfused_input_norm = False
     if config.uses_value_residual:
         module = ValueResidualTransformerLayer

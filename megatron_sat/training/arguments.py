@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="hyperconnections: static connection weights only (default: dynamic, tanh, as the authors)")
     g("--no-muddformer-param-realloc", dest="muddformer_param_realloc", action="store_false",
       help="muddformer: same FFN width in every layer (default: 0.5x at layer 1 to 1.5x at layer L)")
+    g("--qk-norm-eps", type=float, default=1e-5,
+      help="eps of the per-head q/k RMSNorms (the SATFormer authors': 1e-5; the other norms use 1e-6). "
+           "Checkpoints that record none used the other norms' eps (1e-6): resuming one asks for --qk-norm-eps 1e-6")
     g("--rotary-base", type=int, default=10000)
     g("--output-layer-init", default="scaled", choices=list(archs.OUTPUT_LAYER_INITS),
       help="attention-output and MLP-down projections: scaled = N(0, std / sqrt(2L)) (Megatron), unscaled = "
@@ -294,7 +297,8 @@ def arch_errors(args: argparse.Namespace) -> List[str]:
 
 # the arch switches of megatron_sat.model.config.SATConfig, under the same names as the trainer's argument dests
 MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas", "hc_expansion_rate",
-                     "hc_dynamic", "muddformer_param_realloc", "output_layer_init", "local_attention")
+                     "hc_dynamic", "muddformer_param_realloc", "output_layer_init", "local_attention",
+                     "qk_norm_eps")
 
 
 def model_config_fields(args: argparse.Namespace) -> dict:

@@ -21,7 +21,7 @@ _STALE = re.compile(r"^iter_\d{7,}\.(tmp|del)$")
 # model fields that must match for a checkpoint to be resumed (or its weights loaded): the shape and the
 # function of the model. Precision, recompute and parallel layout may change between runs.
 RESUME_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_layernorm", "gated_linear_unit",
+                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_norm_eps", "qk_layernorm", "gated_linear_unit",
                  "add_bias_linear", "value_residual_gate", "value_residual_last_k", "resformer_lambdas",
                  "mixing_layers", "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
 
@@ -157,6 +157,8 @@ def retain(root: str, previous: Optional[int], new: int, interval: Optional[int]
 def model_differences(saved: Dict, now: Dict) -> List[str]:
     """'field: checkpoint X, now Y' for every resume field that differs (fields the checkpoint lacks are
     skipped: older checkpoints record fewer)."""
+    if "qk_norm_eps" not in saved and "layernorm_epsilon" in saved:  # saved before q/k norms had an eps of their own
+        saved = dict(saved, qk_norm_eps=saved["layernorm_epsilon"])
     return [f"{k} {saved[k]!r} in the checkpoint, {now.get(k)!r} now"
             for k in RESUME_FIELDS if k in saved and saved[k] != now.get(k)]
 

@@ -32,9 +32,13 @@ VARIANTS = {
     "satformer": ["--arch", "satformer"],
     "satformer_last2_sigmoid": ["--arch", "satformer", "--value-residual-last-k", "2",
                                 "--value-residual-gate", "sigmoid"],
+    "hyperconnections": ["--arch", "hyperconnections"],
+    "denseformer": ["--arch", "denseformer"],
+    "muddformer": ["--arch", "muddformer"],
 }
 
-RESHARDED = ["transformer", "resformer", "satformer", "satformer_last2_sigmoid"]  # also saved at TP2 x PP2
+RESHARDED = ["transformer", "resformer", "satformer", "satformer_last2_sigmoid",  # also saved at TP2 x PP2
+             "hyperconnections", "muddformer"]
 
 
 def tokens():
@@ -91,14 +95,13 @@ def _build(args):
     from megatron_sat.model.config import make_config
     from megatron_sat.model.gpt import build_model
     from megatron_sat.parallel.layout import Layout, initialize
+    from megatron_sat.training.arguments import model_config_fields
 
     layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                     vpp=args.num_virtual_stages_per_pipeline_rank)
     config = make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
                          num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-                         ffn_hidden_size=args.ffn_hidden_size, value_residual_gate=args.value_residual_gate,
-                         value_residual_last_k=args.value_residual_last_k, resformer_lambdas=args.resformer_lambdas,
-                         **layout.config_fields())
+                         ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args), **layout.config_fields())
     initialize(layout, seed=args.seed)
     chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ, rotary_base=args.rotary_base)
     return config, chunks
@@ -147,8 +150,10 @@ def make_originals(root: str) -> dict:
         config, chunks = _build(args)
         g = torch.Generator().manual_seed(3)
         with torch.no_grad():  # random everything (norms and lambdas too), so a wrong mapping shows
-            for p in chunks[0].parameters():
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            for name, p in chunks[0].named_parameters():
+                # Hyper-Connections' n streams, mixed by strongly random weights, amplify float32 rounding (at 0.3 the
+                # export's float64-exact logits differ by 1e-5 relative): its connection weights get less noise
+                p.add_((0.1 if "_hc." in name else 0.3) * torch.randn(p.shape, generator=g))
         chunks, opt, sched = _wrap(config, chunks, args)
         _step(chunks, opt, config, num_micro=2)
         model = chunks[0].module
@@ -158,7 +163,7 @@ def make_originals(root: str) -> dict:
         save_checkpoint(os.path.join(d, "A"), 1, chunks, opt, sched, consumed_samples=2, args=vars(args))
         if variant == "transformer":  # recorded arch that cannot be converted
             save_checkpoint(os.path.join(root, "bad_arch"), 1, chunks, opt, sched, consumed_samples=2,
-                            args=dict(vars(args), arch="denseformer"))
+                            args=dict(vars(args), arch="mamba"))
         if variant == "satformer":  # SATFormer weights recorded as a Transformer; a gate the authors define apart
             save_checkpoint(os.path.join(root, "bad_mismatch"), 1, chunks, opt, sched, consumed_samples=2,
                             args=dict(vars(args), arch="transformer"))

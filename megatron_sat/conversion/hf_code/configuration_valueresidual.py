@@ -30,6 +30,7 @@ class _ValueResidualConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         elementwise_affine: bool = True,
         norm_eps: float = 1e-6,
+        qk_norm_eps: float = 1e-5,
         use_cache: bool = True,
         pad_token_id=None,
         bos_token_id=1,
@@ -60,6 +61,7 @@ class _ValueResidualConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.elementwise_affine = elementwise_affine
         self.norm_eps = norm_eps
+        self.qk_norm_eps = qk_norm_eps  # q/k RMSNorms: the authors' attention uses fla's default 1e-5, not norm_eps
         self.use_cache = use_cache
         self.fuse_norm = fuse_norm
         self.fuse_swiglu = fuse_swiglu

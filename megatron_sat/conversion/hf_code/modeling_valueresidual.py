@@ -13,7 +13,8 @@ Per layer (x = attn_norm(h), the input of q/k/v; layer 1 is index 0):
     V1 = v_proj(x) of layer 1 (raw, before any mixing)
     SATFormer: V' = V + gate(alpha_proj(x)) * V1        (per token and KV head)
     ResFormer: V' = lambda1[n] * V1 + lambda2[n] * V    (lambda1 = scale * softmax(logits)[n - 1])
-then per-head RMSNorm on q and k, rotate-half RoPE on q and k (not on V), causal GQA attention.
+then per-head RMSNorm on q and k (eps qk_norm_eps, 1e-5 as the authors'), rotate-half RoPE on q and k
+(not on V), causal GQA attention.
 
 KV cache: the cache holds K (after norm and RoPE) and the mixed V'. V1 of the tokens of the
 current step is recomputed by layer 1 from those tokens, so cached and uncached decoding agree.
@@ -131,8 +132,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
         self.qk_norm = config.qk_norm
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, config.qk_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.qk_norm_eps)
         self.produces_v1 = bool(config.use_value_residual) and layer_idx == 0
         mixing = ResFormerMixing if _is_resformer(config) else SATFormerMixing
         self.value_residual_mixing = mixing(config) if _mixes(config, layer_idx) else None
