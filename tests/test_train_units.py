@@ -204,3 +204,14 @@ def test_console_scripts_run_from_anywhere(tmp_path):
         proc = subprocess.run([os.path.join(bin_dir, f"megatron-sat-{name}"), "--help"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and f"usage: megatron-sat-{name}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_resume_of_a_checkpoint_from_before_qk_norm_eps_asks_for_its_eps():
+    """A checkpoint without qk_norm_eps used its layernorm eps for the q/k norms: resuming it at another eps is
+    refused (naming both), at that eps it is not."""
+    from megatron_sat.training.run_folder import model_differences
+
+    old = {"arch": "satformer", "layernorm_epsilon": 1e-6}
+    assert model_differences(old, {"arch": "satformer", "layernorm_epsilon": 1e-6, "qk_norm_eps": 1e-5}) == [
+        "qk_norm_eps 1e-06 in the checkpoint, 1e-05 now"]
+    assert model_differences(old, {"arch": "satformer", "layernorm_epsilon": 1e-6, "qk_norm_eps": 1e-6}) == []
