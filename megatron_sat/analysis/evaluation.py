@@ -1,6 +1,8 @@
-"""lm-eval on a Hugging Face export (tools/convert_to_hf.py), with a results table in Markdown and JSON.
+"""lm-eval on a Hugging Face export (tools/convert_to_hf.py) or straight on a Megatron checkpoint (any arch,
+lm_eval_backend.py), with a results table in Markdown and JSON.
 
     python tools/evaluate.py --model hf/satformer --suite retrieval --output evals/satformer
+    python tools/evaluate.py --checkpoint runs/denseformer --suite retrieval --output evals/denseformer
     python tools/evaluate.py --model hf/satformer --suite zeroshot --batch-size 8 --device cuda
     python tools/evaluate.py --model hf/satformer --tasks my_task --include-path my_tasks/ --output evals/x
 
@@ -97,28 +99,45 @@ def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missi
     return specs, manager, missing
 
 
-def evaluate(model_dir: str, tasks: Sequence[str], *, include_paths: Sequence[str] = (), batch_size=1,
-             device: str = "cpu", dtype: str = "auto", limit: Optional[float] = None, num_fewshot: Optional[int] = None,
-             max_length: Optional[int] = None, skip_missing: bool = False, seed: int = 1234, log=print) -> dict:
-    """Run lm-eval's HF backend on `model_dir`; returns {'results', 'table', 'averages', 'skipped', ...}."""
+def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Optional[str] = None,
+             include_paths: Sequence[str] = (), batch_size=1, device: str = "cpu", dtype: str = "auto",
+             limit: Optional[float] = None, num_fewshot: Optional[int] = None, max_length: Optional[int] = None,
+             skip_missing: bool = False, seed: int = 1234, log=print) -> dict:
+    """Run lm-eval on `model_dir` (its HF backend) or on a Megatron `checkpoint` (the megatron_sat backend,
+    lm_eval_backend.py: any arch, no export; it runs on megatron_sat's device, the GPU when there is one);
+    returns {'results', 'table', 'averages', 'skipped', ...}."""
     import lm_eval
 
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+    if (model_dir is None) == (checkpoint is None):
+        raise EvaluationError("give a Hugging Face model folder or a Megatron checkpoint, not both")
+    if model_dir is not None and not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise EvaluationError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
     specs, manager, skipped = resolve_tasks(tasks, include_paths, skip_missing, log)
     if not specs:
         raise EvaluationError("no task left to run")
-    model_args = dict(pretrained=os.path.abspath(model_dir), trust_remote_code=True, dtype=dtype)
-    if max_length:
-        model_args["max_length"] = max_length
+    if checkpoint is not None:
+        from megatron_sat.analysis import lm_eval_backend  # registers "megatron_sat" with lm-eval
+        from megatron_sat.conversion.mapping import ConversionError
+
+        try:
+            model = lm_eval_backend.MegatronLM(checkpoint=checkpoint, batch_size=batch_size, dtype=dtype,
+                                               max_length=max_length)
+        except ConversionError as e:
+            raise EvaluationError(str(e)) from None
+        source, model_args = os.path.abspath(checkpoint), None
+    else:
+        model, source = "hf", os.path.abspath(model_dir)
+        model_args = dict(pretrained=source, trust_remote_code=True, dtype=dtype)
+        if max_length:
+            model_args["max_length"] = max_length
     out = lm_eval.simple_evaluate(
-        model="hf", model_args=model_args, tasks=specs, num_fewshot=num_fewshot, batch_size=batch_size,
+        model=model, model_args=model_args, tasks=specs, num_fewshot=num_fewshot, batch_size=batch_size,
         device=device, limit=limit, task_manager=manager, log_samples=False, random_seed=seed,
         numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
     )
     results = dict(out["results"]) if out else {}
     table = results_table(results)
-    summary = dict(model=os.path.abspath(model_dir), tasks=list(tasks), skipped=skipped, table=table,
+    summary = dict(model=source, tasks=list(tasks), skipped=skipped, table=table,
                    averages=suite_averages(table, tasks), results=results,
                    versions=_jsonable(out.get("versions", {})), n_samples=_jsonable(out.get("n-samples", {})),
                    configs=_jsonable(out.get("configs", {})), config=_jsonable(out.get("config", {})))
