@@ -71,17 +71,20 @@ def local_task_configs(include_paths: Sequence[str]) -> Dict[str, dict]:
 
 
 @functools.lru_cache(maxsize=4)
-def task_manager(include_paths: tuple):
-    """lm-eval's TaskManager (indexing every task YAML takes seconds: built once per include paths)."""
+def task_manager(include_paths: tuple, defaults: bool = True):
+    """lm-eval's TaskManager (indexing lm-eval's own task YAMLs takes 5-20 s: built once per include paths, and
+    only when a task is not in `include_paths`)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=list(include_paths) or None)
+    return TaskManager(include_path=list(include_paths) or None, include_defaults=defaults)
 
 
 def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missing: bool, log=print):
     """(lm-eval task specs, TaskManager, skipped task names)."""
-    manager = task_manager((BUNDLED_TASKS, *include_paths))
     local = local_task_configs(include_paths)
+    bundled = local_task_configs([BUNDLED_TASKS])
+    every_one_local = all(t in local or t in bundled for t in tasks)
+    manager = task_manager((BUNDLED_TASKS, *include_paths), defaults=not every_one_local)
     known = set(manager.all_tasks) if hasattr(manager, "all_tasks") else set()
     specs, missing = [], []
     for name in tasks:
