@@ -192,7 +192,9 @@ def test_checkpoint_cli_refusals(export, tmp_path, capsys):
             (["--tasks", "x"], "one of the arguments --model --checkpoint is required"),
             (["--model", export, "--checkpoint", export, "--tasks", "x"], "not allowed with argument"),
             (["--checkpoint", str(tmp_path / "none"), "--tasks", "x"], "is not a folder"),
-            (["--checkpoint", export, "--tasks", "x"], f"is a Hugging Face folder: pass it as --model {export}")):
+            (["--checkpoint", export, "--tasks", "x"], f"is a Hugging Face folder: pass it as --model {export}"),
+            (["--checkpoint", str(tmp_path), "--tasks", "x", "--output", str(tmp_path / "iter_0000002" / "e")],
+             "lies inside --checkpoint")):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err

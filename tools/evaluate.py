@@ -13,7 +13,9 @@ backend (megatron_sat/analysis/lm_eval_backend.py; greedy generation without a K
 
 Prints a Markdown table; --output DIR also writes DIR/results.json and DIR/results.md. Built-in
 tasks download their data; offline, use local task YAMLs (--include-path). See
-megatron_sat/analysis/evaluation.py. Needs lm-eval[hf]==0.4.13. Exit codes: 0 done, 2 bad input.
+megatron_sat/analysis/evaluation.py. With --checkpoint RUN, --output may lie inside RUN (not in its
+iter_* folders): RUN/eval/retrieval is where tools/collect_grid.py finds the scores. Needs
+lm-eval[hf]==0.4.13. Exit codes: 0 done, 2 bad input.
 """
 
 import argparse
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
         p.error(f"--checkpoint {args.checkpoint} is a Hugging Face folder: pass it as --model {args.checkpoint}")
     source = ("--model", args.model) if args.model else ("--checkpoint", args.checkpoint)
     try:
-        check_output("--output", args.output, dict([source]))
+        if not (args.checkpoint and args.output and _beside_checkpoints(args.output, args.checkpoint)):
+            check_output("--output", args.output, dict([source]))
     except ValueError as e:
         p.error(str(e))
     from megatron_sat.analysis.evaluation import EvaluationError, evaluate, to_markdown, write_results
@@ -77,6 +80,15 @@ def main(argv=None) -> int:
         write_results(summary, args.output)
         print(f"wrote {os.path.join(args.output, 'results.json')} and results.md")
     return 0
+
+
+def _beside_checkpoints(output: str, run: str) -> bool:
+    """An output folder inside a run folder but in none of its iter_XXXXXXX checkpoints (run/eval/retrieval,
+    where tools/collect_grid.py reads the scores): allowed, it touches no file of the run."""
+    out, run = os.path.realpath(output), os.path.realpath(run)
+    if os.path.basename(run).startswith("iter_") or not out.startswith(run + os.sep):
+        return False
+    return not os.path.relpath(out, run).split(os.sep)[0].startswith(("iter_", "latest_checkpointed_iteration"))
 
 
 def _cuda() -> bool:
