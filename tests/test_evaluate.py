@@ -1,13 +1,14 @@
 """tools/evaluate.py (megatron_sat/analysis/evaluation.py): lm-eval on an export, offline.
 
-    pytest -q tests/test_evaluate.py            # about 40 s on 2 cores
+    pytest -q tests/test_evaluate.py            # about 90 s on 2 cores
 
 A tiny SATFormer export (random weights, written with the converter's own writer, word-level
 tokenizer) is evaluated by lm-eval 0.4.13 on the local tasks in tests/data/eval/ (a multiple-choice
 loglikelihood task and a generate_until task over tiny.jsonl); the accuracy is recomputed here
 from the model's logits. The bundled based_* recall tasks are checked for their protocol, and one of
-them runs on tiny_recall.jsonl, its `contains` score recomputed from the model's greedy generations. Skipped when lm-eval
-is not installed (pip install "lm-eval[hf]==0.4.13").
+them runs on tiny_recall.jsonl, its `contains` score recomputed from the model's greedy generations. The
+megatron_sat backend (tools/evaluate.py --checkpoint) is checked on trainer checkpoints of all six archs
+(tests/workers/lm_eval_backend.py). Skipped when lm-eval is not installed (pip install "lm-eval[hf]==0.4.13").
 """
 
 import json
