@@ -195,7 +195,10 @@ def test_checkpoint_cli_refusals(export, tmp_path, capsys):
             (["--checkpoint", str(tmp_path / "none"), "--tasks", "x"], "is not a folder"),
             (["--checkpoint", export, "--tasks", "x"], f"is a Hugging Face folder: pass it as --model {export}"),
             (["--checkpoint", str(tmp_path), "--tasks", "x", "--output", str(tmp_path / "iter_0000002" / "e")],
-             "lies inside --checkpoint")):
+             "lies inside --checkpoint"),
+            (["--model", export, "--tasks", "x", "--tensor-model-parallel-size", "2"], "needs --checkpoint"),
+            (["--checkpoint", str(tmp_path), "--tasks", "x", "--tensor-model-parallel-size", "2"],
+             "needs exactly that many processes (torchrun --nproc-per-node 2); this launch has 1")):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err

@@ -17,6 +17,7 @@ BPE 512 trained on it), 40 scheduled steps, global batch 8 = 4 micro-batches of 
   G  2 processes DP2 with the distributed optimizer, steps 1-3; then 1 process resumes it (the
      optimizer state resharded DP2 -> DP1), steps 4-6 -> A's losses (relative 1e-5); with --eval-tasks
      every 2 steps (local tasks, one broken): scores in metrics.jsonl equal to tools/evaluate.py --checkpoint
+     (at TP2, torchrun)
 plus bad input (unknown recipe/arch, missing data, indivisible batch, missing pretrained checkpoint):
 exit 2, clear message, nothing written. Eleven trainer launches in all (~2-3 minutes on 2 cores).
 """
@@ -29,7 +30,7 @@ import sys
 import time
 
 import pytest
-from train_cli import ROOT, latest, metrics, train
+from train_cli import ROOT, free_port, latest, metrics, train
 from train_cli import cmd as _cmd
 from train_cli import env as _env
 
@@ -184,7 +185,7 @@ def test_distributed_optimizer_resumes_across_data_parallel_sizes(runs):
 def test_eval_tasks_during_training(runs):
     """--eval-tasks on G (DP2 steps 1-3, then DP1 steps 4-6; the losses above equal A's, run without them):
     scores every 2 steps in metrics.jsonl, the broken task reported each time, and the step-6 scores equal
-    tools/evaluate.py --checkpoint on the checkpoint saved at step 6."""
+    tools/evaluate.py --checkpoint at TP2 (torchrun) on the checkpoint saved at step 6."""
     g = runs["tmp"] / "G"
     rows = {r["step"]: r for r in map(json.loads, open(g / "metrics.jsonl")) if "eval_tasks" in r}
     assert sorted(rows) == [2, 4, 6]
@@ -195,8 +196,10 @@ def test_eval_tasks_during_training(runs):
             "broken_task"]
     assert runs["G1_log"].count("task broken_task failed at step 2: ") == 1  # rank 0 reports
     assert "task broken_task failed at step 6: " in runs["G2_log"] and "tasks at step 4: " in runs["G2_log"]
-    out = g / "eval6"
-    proc = subprocess.run([sys.executable, "tools/evaluate.py", "--checkpoint", str(g / "iter_0000006"), "--tasks",
+    out = g / "eval" / "step6"  # inside the run folder, where collect_grid finds it; scored at TP2 under torchrun
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={free_port()}", "tools/evaluate.py", "--checkpoint",
+                           str(g / "iter_0000006"), "--tensor-model-parallel-size", "2", "--tasks",
                            "megatron_sat_tiny_mc", "megatron_sat_tiny_gen", "--include-path", EVAL_TASKS, "--limit",
                            "4", "--batch-size", "2", "--output", str(out)], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=300)

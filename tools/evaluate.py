@@ -4,6 +4,8 @@ suite, or any tasks.
 
     python tools/evaluate.py --model hf/satformer --suite retrieval --output evals/satformer-retrieval
     python tools/evaluate.py --checkpoint runs/denseformer --suite retrieval --output evals/denseformer-retrieval
+    torchrun --nproc-per-node 2 tools/evaluate.py --checkpoint runs/satformer_1.3B --tensor-model-parallel-size 2 \
+        --suite zeroshot --output runs/satformer_1.3B/eval/zeroshot
     python tools/evaluate.py --model hf/satformer --suite zeroshot --device cuda --batch-size 16 --output evals/z
     python tools/evaluate.py --model hf/satformer --tasks megatron_sat_tiny_mc --include-path tests/data/eval
 
@@ -44,6 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--num-fewshot", type=int, default=None)
     p.add_argument("--max-length", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--output", default=None, help="folder for results.json and results.md")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1, metavar="N",
+                   help="--checkpoint at TP N, launched with torchrun --nproc-per-node N (default: one process)")
     args = p.parse_args(argv)
     tasks = [t for s in args.suite for t in SUITES[s]] + list(args.tasks)
     if not tasks:
@@ -59,6 +63,12 @@ def main(argv=None) -> int:
             not os.path.isfile(os.path.join(args.checkpoint, "latest_checkpointed_iteration.txt")) and \
             any(f.endswith((".safetensors", ".bin")) for f in os.listdir(args.checkpoint)):
         p.error(f"--checkpoint {args.checkpoint} is a Hugging Face folder: pass it as --model {args.checkpoint}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.tensor_model_parallel_size != 1 and not args.checkpoint:
+        p.error("--tensor-model-parallel-size needs --checkpoint (an HF --model runs in one process)")
+    if args.tensor_model_parallel_size < 1 or world != args.tensor_model_parallel_size:
+        p.error(f"--tensor-model-parallel-size {args.tensor_model_parallel_size} needs exactly that many processes "
+                f"(torchrun --nproc-per-node {args.tensor_model_parallel_size}); this launch has {world}")
     source = ("--model", args.model) if args.model else ("--checkpoint", args.checkpoint)
     try:
         if not (args.checkpoint and args.output and _beside_checkpoints(args.output, args.checkpoint)):
@@ -71,10 +81,13 @@ def main(argv=None) -> int:
         summary = evaluate(args.model, list(dict.fromkeys(tasks)), checkpoint=args.checkpoint,
                            include_paths=args.include_path,
                            batch_size=args.batch_size, device=args.device, dtype=args.dtype, limit=args.limit,
-                           num_fewshot=args.num_fewshot, max_length=args.max_length, skip_missing=args.skip_missing)
+                           num_fewshot=args.num_fewshot, max_length=args.max_length, skip_missing=args.skip_missing,
+                           tensor_parallel=args.tensor_model_parallel_size)
     except EvaluationError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if int(os.environ.get("RANK", "0")) != 0:  # tensor-parallel ranks computed the same: rank 0 reports
+        return 0
     print(to_markdown(summary))
     if args.output:
         write_results(summary, args.output)

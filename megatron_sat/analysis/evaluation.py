@@ -105,10 +105,11 @@ def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missi
 def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Optional[str] = None,
              include_paths: Sequence[str] = (), batch_size=1, device: str = "cpu", dtype: str = "auto",
              limit: Optional[float] = None, num_fewshot: Optional[int] = None, max_length: Optional[int] = None,
-             skip_missing: bool = False, seed: int = 1234, log=print) -> dict:
+             skip_missing: bool = False, seed: int = 1234, tensor_parallel: int = 1, log=print) -> dict:
     """Run lm-eval on `model_dir` (its HF backend) or on a Megatron `checkpoint` (the megatron_sat backend,
     lm_eval_backend.py: any arch, no export; it runs on megatron_sat's device, the GPU when there is one);
-    returns {'results', 'table', 'averages', 'skipped', ...}."""
+    tensor_parallel: the checkpoint's model at that TP, under torchrun with as many processes (each runs every
+    request; rank 0 reports). Returns {'results', 'table', 'averages', 'skipped', ...}, None on other ranks."""
     import lm_eval
 
     if (model_dir is None) == (checkpoint is None):
@@ -124,7 +125,7 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
 
         try:
             model = lm_eval_backend.MegatronLM(checkpoint=checkpoint, batch_size=batch_size, dtype=dtype,
-                                               max_length=max_length)
+                                               max_length=max_length, tensor_parallel=tensor_parallel)
         except ConversionError as e:
             raise EvaluationError(str(e)) from None
         source, model_args = os.path.abspath(checkpoint), None
@@ -138,7 +139,9 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
         device=device, limit=limit, task_manager=manager, log_samples=False, random_seed=seed,
         numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
     )
-    results = dict(out["results"]) if out else {}
+    if out is None:  # lm-eval reports on global rank 0 only (a tensor-parallel launch)
+        return None
+    results = dict(out["results"])
     table = results_table(results)
     summary = dict(model=source, tasks=list(tasks), skipped=skipped, table=table,
                    averages=suite_averages(table, tasks), results=results,

@@ -23,11 +23,13 @@ scores of a checkpoint equal those of its export:
                          padding: its next token is read at its own last position.
 
 Layouts: a checkpoint saved at any TP/PP/VPP is loaded at TP1/PP1 in one process (the converter's
-megatron_io reshards it). On a model built by the trainer, any TP (vocab-parallel logits are gathered
+megatron_io reshards it), or at TP N under `torchrun --nproc-per-node N` (tensor_parallel=N; PP1; every
+rank scores every request). On a model built by the trainer, any TP (vocab-parallel logits are gathered
 over the tensor-parallel group; sequence-parallel inputs padded to a multiple of TP) with PP1 and CP1;
 every data-parallel replica scores every request (the trainer refuses PP > 1 and CP > 1 for --eval-tasks).
 """
 
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -39,8 +41,9 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_checkpoint_model(path: str, dtype: str = "auto"):
-    """(TP1/PP1 model, HF tokenizer, max length) of a trainer checkpoint (run folder or iter_XXXXXXX), any arch.
+def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int = 1):
+    """(model, HF tokenizer, max length) of a trainer checkpoint (run folder or iter_XXXXXXX), any arch, at TP1/PP1
+    in one process, or at TP `tensor_parallel` with as many processes (torchrun; this rank's shard).
 
     The model is built from the arguments the trainer recorded in the checkpoint, the way the trainer builds it
     (make_config + model_config_fields), so every arch and switch the trainer knows loads here."""
@@ -55,7 +58,10 @@ def load_checkpoint_model(path: str, dtype: str = "auto"):
     if dtype != "auto" and dtype not in DTYPES:
         raise ConversionError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
     iter_dir, run_dir = megatron_io.find_checkpoint(path)
-    megatron_io.init_single_process()
+    if tensor_parallel == 1:
+        megatron_io.init_single_process()
+    else:
+        _init_tensor_parallel(tensor_parallel)
     recorded, run_config = megatron_io.recorded_config(iter_dir, run_dir)
     metadata = megatron_io.tensor_metadata(iter_dir)
     if megatron_io.EMBEDDING_KEY not in metadata:
@@ -63,7 +69,7 @@ def load_checkpoint_model(path: str, dtype: str = "auto"):
     args = build_parser().parse_args([])  # defaults for what an older run did not record
     vars(args).update({k: v for k, v in recorded.items() if k in vars(args)})
     params_dtype = DTYPES.get(dtype) or metadata[megatron_io.EMBEDDING_KEY].dtype
-    layout = Layout()
+    layout = Layout(tp=tensor_parallel)
     initialize(layout, seed=args.seed)
     config = make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
                          num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
@@ -71,6 +77,8 @@ def load_checkpoint_model(path: str, dtype: str = "auto"):
                          bf16=params_dtype == torch.bfloat16, params_dtype=params_dtype,
                          **layout.config_fields(params_dtype))
     vocab_size = metadata[megatron_io.EMBEDDING_KEY].global_shape[0]
+    if vocab_size % tensor_parallel:
+        raise ConversionError(f"the checkpoint's vocabulary ({vocab_size} rows) does not split over TP {tensor_parallel}")
     model = build_model(config, vocab_size=vocab_size, max_sequence_length=args.seq_length, backend="local",
                         rotary_base=args.rotary_base,
                         share_embeddings_and_output_weights="output_layer.weight" not in metadata)[0]
@@ -82,21 +90,35 @@ def load_checkpoint_model(path: str, dtype: str = "auto"):
     return model.eval(), load_tokenizer(source).hf, args.seq_length
 
 
+def _init_tensor_parallel(tp: int) -> None:
+    """The process group of a torchrun launch of exactly `tp` processes (ConversionError otherwise)."""
+    from megatron_sat.conversion.mapping import ConversionError
+    from megatron_sat.parallel.process_group import init_from_env
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != tp:
+        raise ConversionError(f"tensor parallel size {tp} needs exactly {tp} processes (torchrun --nproc-per-node "
+                              f"{tp}); this launch has {world}")
+    init_from_env()
+
+
 @register_model("megatron_sat")
 class MegatronLM(TemplateLM):
     """lm-eval LM on a megatron_sat GPT model (see the module docstring).
 
-    checkpoint: a trainer run folder or iter_XXXXXXX folder (built at TP1/PP1 here), or
+    checkpoint: a trainer run folder or iter_XXXXXXX folder (built at TP1/PP1 here, or at TP tensor_parallel
+    under torchrun with that many processes, each scoring every request), or
     model + tokenizer: a built model chunk (PP1; DDP-wrapped or not) and an HF tokenizer, with max_length.
     """
 
     def __init__(self, checkpoint: Optional[str] = None, batch_size=1, max_length: Optional[int] = None,
-                 dtype: str = "auto", max_gen_toks: int = 256, device=None, *, model=None, tokenizer=None, **_):
+                 dtype: str = "auto", max_gen_toks: int = 256, device=None, tensor_parallel: int = 1, *, model=None,
+                 tokenizer=None, **_):
         super().__init__()
         if model is None:
             if not checkpoint:
                 raise ValueError("megatron_sat needs checkpoint=RUN_DIR (or a model and a tokenizer)")
-            model, tokenizer, seq_length = load_checkpoint_model(checkpoint, dtype)
+            model, tokenizer, seq_length = load_checkpoint_model(checkpoint, dtype, int(tensor_parallel))
             max_length = max_length or seq_length
         if tokenizer is None or not max_length:
             raise ValueError("megatron_sat: a model needs its tokenizer and max_length")

@@ -66,7 +66,9 @@ class TaskRunner:
                     specs, manager, _ = resolve_tasks([task], self.include_paths, skip_missing=False, log=self.log)
                     out = lm_eval.simple_evaluate(model=self.lm, tasks=specs, limit=self.limit, task_manager=manager,
                                                   log_samples=False, bootstrap_iters=0)
-                    rows = results_table(dict(out["results"]) if out else {})
+                    if out is None:  # lm-eval reports on global rank 0 only; the trainer records rank 0's
+                        continue
+                    rows = results_table(dict(out["results"]))
                     if not rows:
                         raise ValueError("lm-eval returned no scores")
                     for r in rows:
