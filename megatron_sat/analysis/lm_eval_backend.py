@@ -123,7 +123,7 @@ class MegatronLM(TemplateLM):
         if tokenizer is None or not max_length:
             raise ValueError("megatron_sat: a model needs its tokenizer and max_length")
         self.model, self.tokenizer, self.max_length = model, tokenizer, int(max_length)
-        self.batch_size = int(str(batch_size).split(":")[0]) if str(batch_size) != "auto" else 8
+        self.batch_size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.checkpoint = checkpoint
         self._device = next(model.parameters()).device
@@ -145,7 +145,7 @@ class MegatronLM(TemplateLM):
 
     # ---- the model --------------------------------------------------------------------------------
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[b, s] token ids -> [b, s, vocab] float32 logits over the full (padded) vocabulary."""
+        """[b, s] token ids -> [b, s, vocab] logits over the full (padded) vocabulary, in the model's dtype."""
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
@@ -164,7 +164,7 @@ class MegatronLM(TemplateLM):
                     out = gather_from_tensor_model_parallel_region(out)  # [b, width, vocab]
         finally:
             self.model.train(was_training)
-        return out[:, :s].float()
+        return out[:, :s]
 
     def _batches(self, n: int, lengths: Sequence[int]):
         """Index batches, longest first (fewer padded positions), batch_size rows each."""
@@ -187,10 +187,10 @@ class MegatronLM(TemplateLM):
             conts.append(list(continuation_enc))
         results: List[Optional[Tuple[float, bool]]] = [None] * len(requests)
         for batch in self._batches(len(requests), [len(x) for x in inputs]):
-            logp = self.logits(self._right_padded([inputs[i] for i in batch])).log_softmax(-1)  # [b, s, vocab]
+            logits = self.logits(self._right_padded([inputs[i] for i in batch]))  # [b, s, vocab]
             for row, i in enumerate(batch):
-                n, cont = len(inputs[i]), torch.tensor(conts[i], dtype=torch.long, device=logp.device)
-                scores = logp[row, n - len(cont):n]  # [len(cont), vocab]
+                n, cont = len(inputs[i]), torch.tensor(conts[i], dtype=torch.long, device=logits.device)
+                scores = logits[row, n - len(cont):n].float().log_softmax(-1)  # [len(cont), vocab]
                 picked = scores.gather(-1, cont[:, None])[:, 0]
                 results[i] = (float(picked.sum()), bool((scores.argmax(-1) == cont).all()))
                 if requests[i][0] is not None:
@@ -241,11 +241,11 @@ class MegatronLM(TemplateLM):
         generated: List[List[int]] = [[] for _ in rows]
         done = [False] * len(rows)
         while not all(done):
-            logits = self.logits(self._right_padded(rows))  # [b, s, vocab]
-            for r, row in enumerate(rows):
-                if done[r]:
-                    continue
-                token = int(logits[r, len(row) - 1].argmax())
+            active = [r for r in range(len(rows)) if not done[r]]  # finished rows leave the batch
+            logits = self.logits(self._right_padded([rows[r] for r in active]))  # [active, s, vocab]
+            for k, r in enumerate(active):
+                row = rows[r]
+                token = int(logits[k, len(row) - 1].float().argmax())
                 row.append(token)
                 generated[r].append(token)
                 until, max_gen_toks = settings[r]
