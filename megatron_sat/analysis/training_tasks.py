@@ -44,12 +44,16 @@ class TaskRunner:
         vocab = self._vocab_size(chunks[0])
         self.vocab_error = (f"the tokenizer has {len(hf)} tokens but the model only {vocab}" if vocab is not None
                             and len(hf) > vocab else None)
-        logging.getLogger("lm_eval").setLevel(logging.WARNING)
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its notes on task defaults, at every evaluation
 
     @staticmethod
     def _vocab_size(model):
-        module = getattr(model, "module", model)
-        return getattr(module, "vocab_size", None)
+        from megatron.core.utils import get_attr_wrapped_model  # through DDP / Float16Module wrappers
+
+        try:
+            return get_attr_wrapped_model(model, "vocab_size")
+        except RuntimeError:
+            return None
 
     def __call__(self, iteration: int) -> Tuple[Dict[str, float], Dict[str, str]]:
         import lm_eval
