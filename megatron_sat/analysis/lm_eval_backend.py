@@ -39,6 +39,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# trainer arguments whose default changed after checkpoints were written without recording them, with the value
+# such checkpoints were trained with (the converter, conversion/megatron_io.py, reads them the same way)
+DEFAULTS_BEFORE = {"qk_norm_eps": 1e-6}
 
 
 def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int = 1):
@@ -68,6 +71,9 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
         raise ConversionError(f"{iter_dir} has no {megatron_io.EMBEDDING_KEY}: not a megatron_sat model checkpoint")
     args = build_parser().parse_args([])  # defaults for what an older run did not record
     vars(args).update({k: v for k, v in recorded.items() if k in vars(args)})
+    for key, value in DEFAULTS_BEFORE.items():  # an older run recorded none: it trained with the old default
+        if key in vars(args) and key not in recorded:
+            setattr(args, key, value)
     params_dtype = DTYPES.get(dtype) or metadata[megatron_io.EMBEDDING_KEY].dtype
     layout = Layout(tp=tensor_parallel)
     initialize(layout, seed=args.seed)
