@@ -32,7 +32,10 @@ def main(argv=None) -> int:
         logging.getLogger("megatron").setLevel(logging.ERROR)
     from megatron_sat.training.trainer import train
 
-    code = train(args)
+    task_runner = None
+    if args.eval_tasks:  # lm-eval on the model being trained (the trainer may not import analysis/)
+        from megatron_sat.analysis.training_tasks import TaskRunner as task_runner
+    code = train(args, task_runner=task_runner)
     import torch
 
     if torch.distributed.is_initialized():

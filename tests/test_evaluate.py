@@ -1,13 +1,14 @@
 """tools/evaluate.py (megatron_sat/analysis/evaluation.py): lm-eval on an export, offline.
 
-    pytest -q tests/test_evaluate.py            # about 40 s on 2 cores
+    pytest -q tests/test_evaluate.py            # about 90 s on 2 cores
 
 A tiny SATFormer export (random weights, written with the converter's own writer, word-level
 tokenizer) is evaluated by lm-eval 0.4.13 on the local tasks in tests/data/eval/ (a multiple-choice
 loglikelihood task and a generate_until task over tiny.jsonl); the accuracy is recomputed here
 from the model's logits. The bundled based_* recall tasks are checked for their protocol, and one of
-them runs on tiny_recall.jsonl, its `contains` score recomputed from the model's greedy generations. Skipped when lm-eval
-is not installed (pip install "lm-eval[hf]==0.4.13").
+them runs on tiny_recall.jsonl, its `contains` score recomputed from the model's greedy generations. The
+megatron_sat backend (tools/evaluate.py --checkpoint) is checked on trainer checkpoints of all six archs
+(tests/workers/lm_eval_backend.py). Skipped when lm-eval is not installed (pip install "lm-eval[hf]==0.4.13").
 """
 
 import json
@@ -151,3 +152,58 @@ def test_based_recall_offline(export, tmp_path):
         hits.append(any(a.lower() in generation.lower() for a in doc["answers"]))
     assert summary["n_samples"]["tiny_based_triviaqa"]["effective"] == 4
     assert rows[("tiny_based_triviaqa", "contains")] == pytest.approx(sum(hits) / len(hits), abs=1e-9)
+
+
+def test_checkpoint_backend(tmp_path):
+    """The megatron_sat backend on trainer checkpoints of all six archs (tests/workers/lm_eval_backend.py):
+    its loglikelihoods (batched, right-padded, one left-truncated), rolling loglikelihood and greedy generations
+    equal direct unpadded forwards of the saved model; tools/evaluate.py --checkpoint and evaluate(checkpoint=)
+    give finite scores, equal to lm-eval's HF backend on the export for the archs that have one."""
+    from dist_utils import run_distributed
+
+    out = run_distributed(os.path.join(HERE, "workers", "lm_eval_backend.py") + ":check_all_archs", 1,
+                          str(tmp_path), timeout=900)[0]
+    assert out["registered"]
+    for arch in ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections"):
+        res = out[arch]
+        for (logp, greedy), (ref, ref_greedy) in zip(res["ll"], res["ll_ref"]):
+            assert logp == pytest.approx(ref, rel=1e-5, abs=1e-5), arch
+            assert greedy == ref_greedy, arch
+        assert res["rolling"] == pytest.approx(res["rolling_ref"], rel=1e-5), arch
+        assert res["gens"] == res["gens_ref"] and all(res["gens"]), arch
+        scores = {(r["task"], r["metric"]): r["value"] for r in res["scores"]}
+        assert set(scores) >= {("megatron_sat_tiny_mc", "acc"), ("megatron_sat_tiny_gen", "exact_match")}, arch
+        assert all(0.0 <= v <= 1.0 for v in scores.values()), (arch, scores)
+        if "hf_scores" in res:
+            assert scores == {(r["task"], r["metric"]): r["value"] for r in res["hf_scores"]}, arch
+            assert res["gens"] == res["hf_gens"], arch  # lm-eval's HF backend on the export, the same requests
+            for (logp, greedy), (ref, ref_greedy) in zip(res["text_ll"], res["hf_ll"]):
+                assert logp == pytest.approx(ref, rel=1e-5) and greedy == ref_greedy, arch
+    assert {a for a, res in out.items() if isinstance(res, dict) and "hf_scores" in res} >= {"transformer",
+                                                                                             "satformer"}
+    assert out["denseformer"]["cli_code"] == 0
+
+
+def test_checkpoint_cli_refusals(export, tmp_path, capsys):
+    """--model and --checkpoint: exactly one; each refuses the other's kind of folder (exit 2, before any model)."""
+    sys.path.insert(0, REPO)
+    from tools.evaluate import main
+
+    for argv, message in (
+            (["--tasks", "x"], "one of the arguments --model --checkpoint is required"),
+            (["--model", export, "--checkpoint", export, "--tasks", "x"], "not allowed with argument"),
+            (["--checkpoint", str(tmp_path / "none"), "--tasks", "x"], "is not a folder"),
+            (["--checkpoint", export, "--tasks", "x"], f"is a Hugging Face folder: pass it as --model {export}"),
+            (["--checkpoint", str(tmp_path), "--tasks", "x", "--output", str(tmp_path / "iter_0000002" / "e")],
+             "lies inside --checkpoint"),
+            (["--model", export, "--tasks", "x", "--tensor-model-parallel-size", "2"], "needs --checkpoint"),
+            (["--checkpoint", str(tmp_path), "--tasks", "x", "--tensor-model-parallel-size", "2"],
+             "needs exactly that many processes (torchrun --nproc-per-node 2); this launch has 1")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--checkpoint", str(empty), "--tasks", "megatron_sat_tiny_mc", "--include-path", TASKS]) == 2
+    assert f"{empty} has no latest_checkpointed_iteration.txt" in capsys.readouterr().err
+    assert not torch.distributed.is_initialized()  # refused before megatron_sat set anything up

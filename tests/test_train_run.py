@@ -15,7 +15,9 @@ BPE 512 trained on it), 40 scheduled steps, global batch 8 = 4 micro-batches of 
      loss after a step at lr 0 equals A's last one exactly), a new LR schedule from iteration 0; the
      same command rerun (a requeued job) resumes F's own checkpoint, steps 3-4
   G  2 processes DP2 with the distributed optimizer, steps 1-3; then 1 process resumes it (the
-     optimizer state resharded DP2 -> DP1), steps 4-6 -> A's losses (relative 1e-5)
+     optimizer state resharded DP2 -> DP1), steps 4-6 -> A's losses (relative 1e-5); with --eval-tasks
+     every 2 steps (local tasks, one broken): scores in metrics.jsonl equal to tools/evaluate.py --checkpoint
+     (at TP2, torchrun)
 plus bad input (unknown recipe/arch, missing data, indivisible batch, missing pretrained checkpoint):
 exit 2, clear message, nothing written. Eleven trainer launches in all (~2-3 minutes on 2 cores).
 """
@@ -24,13 +26,15 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
-from train_cli import ROOT, latest, metrics, train
+from train_cli import ROOT, free_port, latest, metrics, train
 from train_cli import cmd as _cmd
 from train_cli import env as _env
 
+EVAL_TASKS = os.path.join(ROOT, "tests", "data", "eval")
 TINY = ["--arch", "satformer", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
         "--num-query-groups", "2", "--ffn-hidden-size", "128", "--seq-length", "32", "--micro-batch-size", "2",
         "--global-batch-size", "8", "--train-iters", "40", "--lr", "3e-3", "--min-lr", "3e-4",
@@ -74,7 +78,14 @@ def runs(tmp_path_factory):
                 str(tmp / "A"), "--eval-interval", "1"]
     out["F1_log"] = train(*finetune, "--exit-interval", "2")
     out["F2_log"] = train(*finetune, "--exit-interval", "4")  # a requeued job: same command, later exit
-    dist_opt = [*TINY, *data, "--save", str(tmp / "G"), "--use-distributed-optimizer"]
+    (tmp / "bad_tasks").mkdir()  # a task whose data is missing: reported, training goes on
+    (tmp / "bad_tasks" / "broken.yaml").write_text(
+        "task: broken_task\ndataset_path: json\ndataset_kwargs: {data_files: {test: missing.jsonl}}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{context}}'\ndoc_to_target: '{{answer}}'\n")
+    tasks = ["--eval-tasks", "megatron_sat_tiny_mc,broken_task,megatron_sat_tiny_gen", "--eval-tasks-interval", "2",
+             "--eval-tasks-limit", "4", "--eval-tasks-include-path", EVAL_TASKS,
+             "--eval-tasks-include-path", str(tmp / "bad_tasks")]
+    dist_opt = [*TINY, *data, "--save", str(tmp / "G"), "--use-distributed-optimizer", *tasks]
     out["G1_log"] = train(*dist_opt, "--exit-interval", "3", nproc=2)
     out["G2_log"] = train(*dist_opt, "--load", str(tmp / "G"), "--exit-interval", "6")
     # H: a debug recipe on real text: the command line's data source replaces the recipe's mock data
@@ -171,6 +182,33 @@ def test_distributed_optimizer_resumes_across_data_parallel_sizes(runs):
         assert got[s]["grad_norm"] == pytest.approx(ref[s]["grad_norm"], rel=1e-4), s
 
 
+def test_eval_tasks_during_training(runs):
+    """--eval-tasks on G (DP2 steps 1-3, then DP1 steps 4-6; the losses above equal A's, run without them):
+    scores every 2 steps in metrics.jsonl, the broken task reported each time, and the step-6 scores equal
+    tools/evaluate.py --checkpoint at TP2 (torchrun) on the checkpoint saved at step 6."""
+    g = runs["tmp"] / "G"
+    rows = {r["step"]: r for r in map(json.loads, open(g / "metrics.jsonl")) if "eval_tasks" in r}
+    assert sorted(rows) == [2, 4, 6]
+    for row in rows.values():
+        assert set(row["eval_tasks"]) == {"megatron_sat_tiny_mc/acc", "megatron_sat_tiny_gen/exact_match"}
+        assert all(0.0 <= v <= 1.0 for v in row["eval_tasks"].values())
+        assert list(row["eval_tasks_failed"]) == ["broken_task"] and "missing.jsonl" in row["eval_tasks_failed"][
+            "broken_task"]
+    assert runs["G1_log"].count("task broken_task failed at step 2: ") == 1  # rank 0 reports
+    assert "task broken_task failed at step 6: " in runs["G2_log"] and "tasks at step 4: " in runs["G2_log"]
+    out = g / "eval" / "step6"  # inside the run folder, where collect_grid finds it; scored at TP2 under torchrun
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={free_port()}", "tools/evaluate.py", "--checkpoint",
+                           str(g / "iter_0000006"), "--tensor-model-parallel-size", "2", "--tasks",
+                           "megatron_sat_tiny_mc", "megatron_sat_tiny_gen", "--include-path", EVAL_TASKS, "--limit",
+                           "4", "--batch-size", "2", "--output", str(out)], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = json.load(open(out / "results.json"))["table"]
+    assert {f"{r['task']}/{r['metric']}": r["value"] for r in table} == pytest.approx(rows[6]["eval_tasks"],
+                                                                                     abs=1e-12)
+
+
 def test_debug_recipe_trains_on_the_embedded_corpus(runs):
     config = json.load(open(runs["tmp"] / "H" / "config.json"))
     assert config["mock_data"] is False and config["embedded_data"] and config["tokenizer_vocab_size"] == 512
@@ -193,6 +231,11 @@ def test_debug_recipe_trains_on_the_embedded_corpus(runs):
     (["--mock-data", "--vocab-size", "64", "--save-retain-interval", "0"], "--save-retain-interval must be >= 1"),
     (["--mock-data", "--vocab-size", "64", "--eval-samples", "0"], "--eval-samples must be >= 1"),
     (["--mock-data", "--vocab-size", "64", "--weight-decay-params", "some"], "invalid choice: 'some'"),
+    (["--mock-data", "--vocab-size", "64", "--eval-tasks", "piqa", "--pipeline-model-parallel-size", "2"],
+     "--eval-tasks runs at PP1 and CP1 only (TP and DP are fine)"),
+    (["--mock-data", "--vocab-size", "64", "--eval-tasks", "piqa"], "--eval-tasks with --mock-data needs "
+     "--tokenizer-model"),
+    (["--mock-data", "--vocab-size", "64", "--eval-tasks-interval", "5"], "--eval-tasks-interval need --eval-tasks"),
 ])
 def test_bad_input_fails_clearly_without_writing(tmp_path, extra, message):
     save = tmp_path / "run"

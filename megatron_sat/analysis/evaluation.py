@@ -1,6 +1,8 @@
-"""lm-eval on a Hugging Face export (tools/convert_to_hf.py), with a results table in Markdown and JSON.
+"""lm-eval on a Hugging Face export (tools/convert_to_hf.py) or straight on a Megatron checkpoint (any arch,
+lm_eval_backend.py), with a results table in Markdown and JSON.
 
     python tools/evaluate.py --model hf/satformer --suite retrieval --output evals/satformer
+    python tools/evaluate.py --checkpoint runs/denseformer --suite retrieval --output evals/denseformer
     python tools/evaluate.py --model hf/satformer --suite zeroshot --batch-size 8 --device cuda
     python tools/evaluate.py --model hf/satformer --tasks my_task --include-path my_tasks/ --output evals/x
 
@@ -69,17 +71,20 @@ def local_task_configs(include_paths: Sequence[str]) -> Dict[str, dict]:
 
 
 @functools.lru_cache(maxsize=4)
-def task_manager(include_paths: tuple):
-    """lm-eval's TaskManager (indexing every task YAML takes seconds: built once per include paths)."""
+def task_manager(include_paths: tuple, defaults: bool = True):
+    """lm-eval's TaskManager (indexing lm-eval's own task YAMLs takes 5-20 s: built once per include paths, and
+    only when a task is not in `include_paths`)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=list(include_paths) or None)
+    return TaskManager(include_path=list(include_paths) or None, include_defaults=defaults)
 
 
 def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missing: bool, log=print):
     """(lm-eval task specs, TaskManager, skipped task names)."""
-    manager = task_manager((BUNDLED_TASKS, *include_paths))
     local = local_task_configs(include_paths)
+    bundled = local_task_configs([BUNDLED_TASKS])
+    every_one_local = all(t in local or t in bundled for t in tasks)
+    manager = task_manager((BUNDLED_TASKS, *include_paths), defaults=not every_one_local)
     known = set(manager.all_tasks) if hasattr(manager, "all_tasks") else set()
     specs, missing = [], []
     for name in tasks:
@@ -97,28 +102,48 @@ def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missi
     return specs, manager, missing
 
 
-def evaluate(model_dir: str, tasks: Sequence[str], *, include_paths: Sequence[str] = (), batch_size=1,
-             device: str = "cpu", dtype: str = "auto", limit: Optional[float] = None, num_fewshot: Optional[int] = None,
-             max_length: Optional[int] = None, skip_missing: bool = False, seed: int = 1234, log=print) -> dict:
-    """Run lm-eval's HF backend on `model_dir`; returns {'results', 'table', 'averages', 'skipped', ...}."""
+def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Optional[str] = None,
+             include_paths: Sequence[str] = (), batch_size=1, device: str = "cpu", dtype: str = "auto",
+             limit: Optional[float] = None, num_fewshot: Optional[int] = None, max_length: Optional[int] = None,
+             skip_missing: bool = False, seed: int = 1234, tensor_parallel: int = 1, log=print) -> dict:
+    """Run lm-eval on `model_dir` (its HF backend) or on a Megatron `checkpoint` (the megatron_sat backend,
+    lm_eval_backend.py: any arch, no export; it runs on megatron_sat's device, the GPU when there is one);
+    tensor_parallel: the checkpoint's model at that TP, under torchrun with as many processes (each runs every
+    request; rank 0 reports). Returns {'results', 'table', 'averages', 'skipped', ...}, None on other ranks."""
     import lm_eval
 
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+    if (model_dir is None) == (checkpoint is None):
+        raise EvaluationError("give a Hugging Face model folder or a Megatron checkpoint, not both")
+    if model_dir is not None and not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise EvaluationError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
     specs, manager, skipped = resolve_tasks(tasks, include_paths, skip_missing, log)
     if not specs:
         raise EvaluationError("no task left to run")
-    model_args = dict(pretrained=os.path.abspath(model_dir), trust_remote_code=True, dtype=dtype)
-    if max_length:
-        model_args["max_length"] = max_length
+    if checkpoint is not None:
+        from megatron_sat.analysis import lm_eval_backend  # registers "megatron_sat" with lm-eval
+        from megatron_sat.conversion.mapping import ConversionError
+
+        try:
+            model = lm_eval_backend.MegatronLM(checkpoint=checkpoint, batch_size=batch_size, dtype=dtype,
+                                               max_length=max_length, tensor_parallel=tensor_parallel)
+        except ConversionError as e:
+            raise EvaluationError(str(e)) from None
+        source, model_args = os.path.abspath(checkpoint), None
+    else:
+        model, source = "hf", os.path.abspath(model_dir)
+        model_args = dict(pretrained=source, trust_remote_code=True, dtype=dtype)
+        if max_length:
+            model_args["max_length"] = max_length
     out = lm_eval.simple_evaluate(
-        model="hf", model_args=model_args, tasks=specs, num_fewshot=num_fewshot, batch_size=batch_size,
+        model=model, model_args=model_args, tasks=specs, num_fewshot=num_fewshot, batch_size=batch_size,
         device=device, limit=limit, task_manager=manager, log_samples=False, random_seed=seed,
         numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
     )
-    results = dict(out["results"]) if out else {}
+    if out is None:  # lm-eval reports on global rank 0 only (a tensor-parallel launch)
+        return None
+    results = dict(out["results"])
     table = results_table(results)
-    summary = dict(model=os.path.abspath(model_dir), tasks=list(tasks), skipped=skipped, table=table,
+    summary = dict(model=source, tasks=list(tasks), skipped=skipped, table=table,
                    averages=suite_averages(table, tasks), results=results,
                    versions=_jsonable(out.get("versions", {})), n_samples=_jsonable(out.get("n-samples", {})),
                    configs=_jsonable(out.get("configs", {})), config=_jsonable(out.get("config", {})))

@@ -142,6 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
       help="default: online when api.wandb.ai is reachable, else offline")
     g("--peak-tflops", type=float, default=None, help="peak TFLOP/s per device for MFU (default: device table)")
     g("--no-progress-bar", dest="progress_bar", action="store_false")
+    # downstream tasks during training (megatron_sat/analysis/training_tasks.py); checked by eval_tasks_errors
+    g = p.add_argument_group("downstream tasks (lm-eval, during training)").add_argument
+    g("--eval-tasks", default=None, metavar="TASKS",
+      help="comma-separated lm-eval tasks scored on the model being trained, every --eval-tasks-interval steps and "
+           "at the end (metrics.jsonl and wandb; a failing task is reported and training goes on); TP x DP, PP1")
+    g("--eval-tasks-interval", type=int, default=None, metavar="N", help="every N steps (default: at the end only)")
+    g("--eval-tasks-limit", type=float, default=None, metavar="K",
+      help="examples per task (a fraction if < 1; default: all)")
+    g("--eval-tasks-include-path", action="append", default=[], metavar="DIR",
+      help="folder of local task YAMLs (repeatable; data_files relative to the YAML)")
+    g("--eval-tasks-batch-size", type=int, default=None, metavar="B", help="requests per forward (default: micro-batch)")
     a("--debug-inject-nan-at-step", type=int, default=None, help=argparse.SUPPRESS)
     a("--debug-save-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds inside each save (tests)
     a("--debug-fail-save-at", type=int, default=None, help=argparse.SUPPRESS)  # this iteration's save fails
@@ -258,6 +269,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
     except ValueError as e:
         errors.append(str(e))
     errors += save_folder_errors(args)
+    errors += eval_tasks_errors(args)
     if errors:
         raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
 
@@ -327,3 +339,32 @@ def _is_number(x: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def eval_tasks_errors(args: argparse.Namespace) -> List[str]:
+    """What --eval-tasks and its companions refuse (checked before anything is built)."""
+    import importlib.util
+
+    companions = [f"--{k.replace('_', '-')}" for k in ("eval_tasks_interval", "eval_tasks_limit",
+                                                       "eval_tasks_include_path", "eval_tasks_batch_size")
+                  if getattr(args, k)]
+    if not args.eval_tasks:
+        return [f"{', '.join(companions)} need --eval-tasks"] if companions else []
+    errors = []
+    if not [t for t in args.eval_tasks.split(",") if t.strip()]:
+        errors.append("--eval-tasks names no task: give comma-separated lm-eval task names")
+    for name in ("eval_tasks_interval", "eval_tasks_batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            errors.append(f"--{name.replace('_', '-')} must be >= 1")
+    if args.eval_tasks_limit is not None and args.eval_tasks_limit <= 0:
+        errors.append("--eval-tasks-limit must be > 0 (examples per task, or a fraction below 1)")
+    errors += [f"--eval-tasks-include-path {d} is not a folder" for d in args.eval_tasks_include_path
+               if not os.path.isdir(d)]
+    if args.pipeline_model_parallel_size > 1 or args.context_parallel_size > 1:
+        errors.append("--eval-tasks runs at PP1 and CP1 only (TP and DP are fine): score this run's checkpoints "
+                      "with tools/evaluate.py --checkpoint RUN instead")
+    if args.mock_data and not args.tokenizer_model:
+        errors.append("--eval-tasks with --mock-data needs --tokenizer-model (the tokenizer the tasks are read with)")
+    if importlib.util.find_spec("lm_eval") is None:
+        errors.append('--eval-tasks needs lm-eval: pip install "lm-eval[hf]==0.4.13"')
+    return errors

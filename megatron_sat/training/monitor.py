@@ -214,7 +214,8 @@ class Monitor:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
-            flat = {k: v for k, v in record.items() if k != "step" and not isinstance(v, list)}
+            flat = {k: v for k, v in record.items() if k != "step" and not isinstance(v, (list, dict))}
+            flat.update({f"eval_tasks/{k}": v for k, v in (record.get("eval_tasks") or {}).items()})
             for key in ("gate_mean", "gate_zero_frac"):
                 for layer, v in enumerate(record.get(key) or [], start=1):
                     if v is not None:
@@ -239,6 +240,18 @@ class Monitor:
         ppl = math.exp(min(val_loss, 50.0))
         self.write({"step": step, "val_loss": val_loss, "val_ppl": ppl})
         self.print(f"validation at step {step}: loss {val_loss:.4f} | ppl {ppl:.2f}")
+
+    def log_tasks(self, step: int, scores: dict, failures: dict) -> None:
+        """--eval-tasks: {'task/metric': value} as one metrics.jsonl row (key eval_tasks; wandb: eval_tasks/...),
+        each failed task named there (eval_tasks_failed) and in one line."""
+        record = {"step": step, "eval_tasks": scores}
+        if failures:
+            record["eval_tasks_failed"] = failures
+        self.write(record)
+        if scores:
+            self.print(f"tasks at step {step}: " + " | ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+        for task, error in failures.items():
+            self.print(f"task {task} failed at step {step}: {error}")
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:

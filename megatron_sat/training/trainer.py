@@ -66,8 +66,12 @@ class Window:
         self.loss, self.grad = self.loss + result.loss, self.grad + (result.grad_norm or 0.0)
 
 
-def train(args, stop: Optional[StopSignal] = None) -> int:
-    """Run the whole training job; returns the process exit code."""
+def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
+    """Run the whole training job; returns the process exit code.
+
+    task_runner: with --eval-tasks, a class called as task_runner(args, chunks, tokenizer, log) whose instances
+    score lm-eval tasks: instance(iteration) -> ({'task/metric': value}, {task: error}) (megatron_sat/train.py
+    passes megatron_sat.analysis.training_tasks.TaskRunner: training does not import analysis)."""
     from megatron_sat.parallel.process_group import init_from_env
     from megatron_sat.training import checkpointing as ckpt
 
@@ -87,7 +91,7 @@ def train(args, stop: Optional[StopSignal] = None) -> int:
             f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
         return 0
     try:
-        loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log)
+        loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner)
     except ckpt.CheckpointError as err:
         log(f"megatron-sat-train: error: {err}")
         return 2
@@ -176,7 +180,7 @@ def check_inputs(args, setup: Setup, log):
 class Loop:
     """The built run: model, optimizer, scheduler, data, saver, monitor; run() trains it."""
 
-    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log):
+    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None):
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
         from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
@@ -228,6 +232,7 @@ class Loop:
                                 retain_interval=args.save_retain_interval, log=log,
                                 debug_delay_s=args.debug_save_delay, debug_fail_at=args.debug_fail_save_at)
         self.last_saved = self.iteration if resume is not None else None
+        self.tasks = task_runner(args, self.chunks, tokenizer, log) if task_runner and args.eval_tasks else None
 
     def _restore(self, resume, pretrained):
         """(iteration, consumed samples) after loading what --load or --pretrained-checkpoint hold."""
@@ -279,6 +284,8 @@ class Loop:
                      f"resume with --load {args.save}")
             return 0
         val_loss = self._evaluate() if (args.eval_interval or args.eval_iters) else None
+        if self.tasks is not None:
+            self._evaluate_tasks()
         self.monitor.close()
         steps = self.iteration - start_iteration
         tps = steps * args.global_batch_size * args.seq_length / max(self.step_time_total, 1e-9)
@@ -324,6 +331,9 @@ class Loop:
                 window = Window()
             if args.eval_interval and self.iteration % args.eval_interval == 0 and self.iteration < args.train_iters:
                 self._evaluate()
+            if self.tasks is not None and args.eval_tasks_interval and self.iteration % args.eval_tasks_interval == 0 \
+                    and self.iteration < args.train_iters:
+                self._evaluate_tasks()
             if exit_reason:
                 return exit_reason
             if args.save and args.save_interval and self.iteration % args.save_interval == 0:
@@ -353,6 +363,12 @@ class Loop:
                                 micro_batch_size=self.args.micro_batch_size)
         self.monitor.log_eval(self.iteration, val_loss)
         return val_loss
+
+    def _evaluate_tasks(self) -> None:
+        """--eval-tasks: lm-eval tasks on the model as it is (a failing task is reported, training goes on)."""
+        with self.gates.paused() if self.gates else contextlib.nullcontext():
+            scores, failures = self.tasks(self.iteration)
+        self.monitor.log_tasks(self.iteration, scores, failures)
 
     def _save(self) -> None:
         self.saver.save(self.iteration, consumed_samples=self.consumed, args=dict(vars(self.args)),
