@@ -8,6 +8,7 @@ tools and the model config all read the same facts:
     DENSE               carry every earlier layer's output (DenseFormer, MUDDFormer): no full recompute
     BASELINES           the paper's dense-connection baselines: BF16 only (no FP8)
     GATES               SATFormer's gate functions (relu is the paper's)
+    GATE_IMPLS          how the gate is computed: fused into linear_qkv (default) or its own GEMM
     arch_errors(...)    what an arch refuses, one line each (the trainer's flags and the model config
                         both report these)
 """
@@ -20,19 +21,23 @@ DENSE = ("denseformer", "muddformer")
 BASELINES = ("denseformer", "muddformer", "hyperconnections")
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 RESFORMER_LAMBDAS = ("learned", "fixed")
+GATE_IMPLS = ("fused", "separate")  # megatron_sat.model.attention; same function, same checkpoints
 OUTPUT_LAYER_INITS = ("scaled", "unscaled")  # Megatron's std / sqrt(2L) for output projections, or the plain std
 WEIGHT_DECAY_PARAMS = ("matrices", "all")     # Megatron's rule (no decay on 1-D tensors and biases), or every tensor
 
 
 def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: Optional[str] = None,
                 hc_expansion_rate: int = 4, value_residual_gate: str = "relu",
-                resformer_lambdas: str = "learned") -> List[str]:
+                resformer_lambdas: str = "learned", value_residual_gate_impl: str = "fused") -> List[str]:
     """Every reason the arch refuses these settings (empty when it takes them)."""
     if arch not in ARCHS:
         return [f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}"]
     errors = []
     if value_residual_gate not in GATES:
         errors.append(f"unknown --value-residual-gate {value_residual_gate!r}; choose one of {', '.join(GATES)}")
+    if value_residual_gate_impl not in GATE_IMPLS:
+        errors.append(f"unknown --value-residual-gate-impl {value_residual_gate_impl!r}; choose one of "
+                      f"{', '.join(GATE_IMPLS)}")
     if resformer_lambdas not in RESFORMER_LAMBDAS:
         errors.append(f"unknown --resformer-lambdas {resformer_lambdas!r}; choose one of "
                       f"{', '.join(RESFORMER_LAMBDAS)}")

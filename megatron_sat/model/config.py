@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from megatron_sat.archs import ARCHS, BASELINES, GATES, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS  # noqa: F401
+from megatron_sat.archs import ARCHS, BASELINES, GATE_IMPLS, GATES, OUTPUT_LAYER_INITS, RESFORMER_LAMBDAS  # noqa: F401
 from megatron_sat.archs import DENSE as DENSE_ARCHS
 from megatron_sat.archs import VALUE_RESIDUAL as VALUE_RESIDUAL_ARCHS
 
@@ -38,6 +38,12 @@ class SATConfig(TransformerConfig):
 
     value_residual_gate: str = "relu"
     """SATFormer gate function applied to x @ W_alpha (one of GATES); relu is the paper's."""
+
+    value_residual_gate_impl: str = "fused"
+    """'fused': W_alpha's N_kv rows inside linear_qkv, one per KV group, and the mix in one GPU kernel
+    (megatron_sat.model.fused_gate); 'separate': its own GEMM on the normalised x. Same function and
+    checkpoints. Fused needs num_query_groups divisible by TP and no QKV bias; otherwise the gate is
+    separate (fused_value_residual_gate says which one runs)."""
 
     value_residual_last_k: Optional[int] = None
     """Mix V1 only into the last k layers (1 <= k <= num_layers - 1); None mixes into layers 2..L."""
@@ -79,6 +85,9 @@ class SATConfig(TransformerConfig):
                 f"unknown value_residual_gate {self.value_residual_gate!r}; "
                 f"choose one of {', '.join(GATES)}"
             )
+        if self.value_residual_gate_impl not in GATE_IMPLS:
+            raise ValueError(f"unknown value_residual_gate_impl {self.value_residual_gate_impl!r}; "
+                             f"choose one of {', '.join(GATE_IMPLS)}")
         if self.resformer_lambdas not in RESFORMER_LAMBDAS:
             raise ValueError(
                 f"unknown resformer_lambdas {self.resformer_lambdas!r}; "
@@ -119,6 +128,13 @@ class SATConfig(TransformerConfig):
     @property
     def uses_value_residual(self) -> bool:
         return self.arch in VALUE_RESIDUAL_ARCHS
+
+    @property
+    def fused_value_residual_gate(self) -> bool:
+        """SATFormer's gate rows live in linear_qkv (value_residual_gate_impl 'fused', where it applies)."""
+        return (self.arch == "satformer" and self.value_residual_gate_impl == "fused"
+                and self.num_query_groups % self.tensor_model_parallel_size == 0
+                and not (self.add_bias_linear or self.add_qkv_bias))
 
     @property
     def is_dense(self) -> bool:
