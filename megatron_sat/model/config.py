@@ -132,9 +132,9 @@ class SATConfig(TransformerConfig):
     @property
     def fused_value_residual_gate(self) -> bool:
         """SATFormer's gate rows live in linear_qkv (value_residual_gate_impl 'fused', where it applies)."""
-        return (self.arch == "satformer" and self.value_residual_gate_impl == "fused"
-                and self.num_query_groups % self.tensor_model_parallel_size == 0
-                and not (self.add_bias_linear or self.add_qkv_bias))
+        from megatron_sat.model.fused_gate import applies
+
+        return applies(self, self.tensor_model_parallel_size)
 
     @property
     def is_dense(self) -> bool:

@@ -15,14 +15,14 @@ fused weight into the Transformer's `linear_qkv.weight` and SATFormer's `value_r
 (a ShardedTensorFactory, as Megatron's SwiGLU fc1), so a checkpoint of either impl loads into the
 other at any TP/PP, and converters see the separate layout.
 
-Needs num_query_groups divisible by TP and no QKV bias (SATConfig.fused_value_residual_gate);
-otherwise the separate gate (megatron_sat.model.attention.ValueResidualGate) is used.
+Needs num_query_groups divisible by TP and no QKV bias (`applies`); otherwise the separate gate
+(megatron_sat.model.attention.ValueResidualGate) is used. Importing this module needs no Megatron
+(the FLOPs and parameter counts read the layout).
 """
 
 from dataclasses import dataclass
 
 import torch
-from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
 ALIGN = 16
 GATE_SUFFIX = "value_residual_gate.weight"
@@ -86,9 +86,21 @@ class FusedGateLayout:
         return torch.cat([p[0] for p in parts], 0), torch.cat([p[1] for p in parts], 0)
 
 
-def padding_rows(config, tp: int) -> int:
-    """Zero padding rows per fused layer on one TP rank (0 when the gate is not fused)."""
-    return FusedGateLayout.from_config(config, tp).pad if config.fused_value_residual_gate else 0
+def applies(cfg, tp: int) -> bool:
+    """Whether SATFormer's gate is fused at TP size `tp`. cfg: anything with SATConfig's field names."""
+    ng = getattr(cfg, "num_query_groups", None) or cfg.num_attention_heads
+    return (cfg.arch == "satformer" and getattr(cfg, "value_residual_gate_impl", "fused") == "fused"
+            and ng % tp == 0 and not (getattr(cfg, "add_bias_linear", False) or getattr(cfg, "add_qkv_bias", False)))
+
+
+def padding_rows(cfg, tp: int) -> int:
+    """Zero padding rows of one fused layer's weight over all TP ranks (0 when the gate is not fused)."""
+    if not applies(cfg, tp):
+        return 0
+    nh = cfg.num_attention_heads
+    ng = getattr(cfg, "num_query_groups", None) or nh
+    d = getattr(cfg, "kv_channels", None) or cfg.hidden_size // nh
+    return tp * FusedGateLayout(groups=ng // tp, q_per_group=nh // ng, head_dim=d, tp=tp).pad
 
 
 def build_fused_linear(build, layout: FusedGateLayout, in_size: int, out_size: int, config, **kwargs):
@@ -122,9 +134,11 @@ def init_gate_rows(weight: torch.Tensor, layout: FusedGateLayout, tp_rank: int, 
         layout.grouped(weight)[:, layout.group_qkv].copy_(full[tp_rank * layout.groups:(tp_rank + 1) * layout.groups])
 
 
-def sharded_factory(original: ShardedTensor, layout: FusedGateLayout, sharded_offsets) -> ShardedTensorFactory:
+def sharded_factory(original, layout: FusedGateLayout, sharded_offsets):
     """linear_qkv.weight's sharded tensor -> a factory that saves (and loads) `linear_qkv.weight` in the
     Transformer's layout and `value_residual_gate.weight` [ng, h], both sharded over TP along rows."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
     prepend = len(sharded_offsets)
     rank = original.global_offset[prepend] // original.local_shape[0]
     gate_key = original.key[: -len(QKV_SUFFIX)] + GATE_SUFFIX
