@@ -9,11 +9,13 @@ tools and the model config all read the same facts:
     BASELINES           the paper's dense-connection baselines: BF16 only (no FP8)
     GATES               SATFormer's gate functions (relu is the paper's)
     GATE_IMPLS          how the gate is computed: fused into linear_qkv (default) or its own GEMM
+    arch_label(...)     'satformer:separate' -> ('satformer', {'value_residual_gate_impl': 'separate'})
+                        (the profilers' labels for an arch with a non-default implementation)
     arch_errors(...)    what an arch refuses, one line each (the trainer's flags and the model config
                         both report these)
 """
 
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 VALUE_RESIDUAL = ("resformer", "satformer")
@@ -24,6 +26,16 @@ RESFORMER_LAMBDAS = ("learned", "fixed")
 GATE_IMPLS = ("fused", "separate")  # megatron_sat.model.attention; same function, same checkpoints
 OUTPUT_LAYER_INITS = ("scaled", "unscaled")  # Megatron's std / sqrt(2L) for output projections, or the plain std
 WEIGHT_DECAY_PARAMS = ("matrices", "all")     # Megatron's rule (no decay on 1-D tensors and biases), or every tensor
+
+
+def arch_label(label: str) -> Tuple[str, Dict[str, str]]:
+    """(arch, config fields) of a profiler label: an arch, or 'satformer:<impl>' with impl one of GATE_IMPLS
+    (value_residual_gate_impl); ValueError with the accepted forms otherwise."""
+    arch, colon, impl = label.partition(":")
+    if arch not in ARCHS or colon and (arch != "satformer" or impl not in GATE_IMPLS):
+        raise ValueError(f"unknown arch label {label!r}; use one of {', '.join(ARCHS)}, or satformer:IMPL with IMPL "
+                         f"one of {', '.join(GATE_IMPLS)} (the SATFormer gate's implementation)")
+    return arch, ({"value_residual_gate_impl": impl} if colon else {})
 
 
 def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: Optional[str] = None,

@@ -3,6 +3,7 @@ and layout.
 
     python tools/benchmark_step.py                                  # CPU-sized default
     python tools/benchmark_step.py --scale 760M --seq-length 4096 --bf16 --rounds 20   # on a GPU
+    python tools/benchmark_step.py --archs transformer satformer satformer:separate --seq-length 256  # gate A/B
 
 Forward+backward of one micro-batch per arch, the archs interleaved round by round in one process
 (megatron_sat/profiling/step_benchmark.py); prints each arch's median step time, saved-activation
@@ -27,9 +28,20 @@ from megatron_sat.model.config import ARCHS
 from megatron_sat.model.sizes import PAPER_SCALES
 
 
+def _label(text: str) -> str:
+    from megatron_sat.archs import arch_label
+
+    try:
+        arch_label(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
+    p.add_argument("--archs", nargs="+", default=list(ARCHS), type=_label,
+                   help="archs, and satformer:separate / satformer:fused for one SATFormer gate implementation")
     p.add_argument("--scale", choices=list(PAPER_SCALES), help="a paper scale instead of the sizes below")
     p.add_argument("--num-layers", type=int, default=8)
     p.add_argument("--hidden-size", type=int, default=256)

@@ -141,11 +141,12 @@ def sharded_factory(original, layout: FusedGateLayout, sharded_offsets):
 
     prepend = len(sharded_offsets)
     rank = original.global_offset[prepend] // original.local_shape[0]
-    gate_key = original.key[: -len(QKV_SUFFIX)] + GATE_SUFFIX
-    assert original.key.endswith(QKV_SUFFIX), original.key
 
     @torch.no_grad()
     def build(key, t, replica_id, flattened_range):
+        # key: the factory's key when it is built, after the block renamed the layer to its global number
+        assert key.endswith(QKV_SUFFIX), key
+        gate_key = key[: -len(QKV_SUFFIX)] + GATE_SUFFIX
         if flattened_range is not None:
             raise NotImplementedError("the fused SATFormer gate cannot be saved as a flattened shard; "
                                       "use a fully reshardable checkpoint format")

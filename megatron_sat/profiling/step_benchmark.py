@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron_sat import compat
+from megatron_sat.archs import arch_label
 from megatron_sat.model.config import make_config
 from megatron_sat.model.gpt import build_model
 from megatron_sat.parallel.layout import Layout
@@ -83,9 +84,10 @@ def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_siz
     device = compat.device()
     dtype = torch.bfloat16 if bf16 else torch.float32
     models, results = {}, {}
-    for arch in archs:
+    for arch in archs:  # labels: an arch, or e.g. 'satformer:separate' (megatron_sat.archs.arch_label)
         torch.manual_seed(seed)
-        config = make_config(arch, **sizes, params_dtype=dtype, bf16=bf16, **layout.config_fields(dtype))
+        name, options = arch_label(arch)
+        config = make_config(name, **sizes, **options, params_dtype=dtype, bf16=bf16, **layout.config_fields(dtype))
         models[arch] = build_model(config, vocab_size=vocab_size, max_sequence_length=seq_length, backend=backend)[0]
         results[arch] = ArchResult(arch, sum(p.numel() for p in models[arch].parameters()))
     g = torch.Generator().manual_seed(seed)
