@@ -224,3 +224,14 @@ def test_console_scripts_run_from_anywhere(tmp_path):
         proc = subprocess.run([os.path.join(bin_dir, f"megatron-sat-{name}"), "--help"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and f"usage: megatron-sat-{name}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_arch_labels_select_the_gate_implementation():
+    from megatron_sat.archs import arch_label
+
+    assert arch_label("satformer") == ("satformer", {})
+    assert arch_label("satformer:separate") == ("satformer", {"value_residual_gate_impl": "separate"})
+    assert arch_label("satformer:fused") == ("satformer", {"value_residual_gate_impl": "fused"})
+    for bad in ("transformer:separate", "satformer:eager", "satformer:", "sat"):
+        with pytest.raises(ValueError, match="satformer:IMPL"):
+            arch_label(bad)
