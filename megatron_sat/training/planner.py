@@ -14,7 +14,8 @@ the GPU's (10% left for allocator fragmentation and what the estimate leaves out
 Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU):
   model states   params_stage x (2 bf16 weights + 4 fp32 grad buffer [grad_reduce_in_fp32]
                                  + 12 fp32 master/m/v, divided by DP with the distributed optimizer)
-                 params_stage: the stage's layers' linears / TP (MUDDFormer: each layer's own FFN width) + their
+                 params_stage: the stage's layers' linears / TP (MUDDFormer: each layer's own FFN width; SATFormer's
+                 fused gate: W_alpha's rows and their zero padding rows in linear_qkv, sharded with it) + their
                  norms and the baselines' connections (count_parameters' "connections", spread evenly over the
                  layers; replicated, not / TP), + the word embedding / TP on the first stage and (tied, PP > 1)
                  its copy on the last stage.
