@@ -132,10 +132,8 @@ class ValueResidualSelfAttention(SelfAttention):
             raise RuntimeError("the fused SATFormer gate needs split Q, K, V and no attention output gate")
         layout = self.fused_gate_layout
         mixed, _ = self.linear_qkv(hidden_states)  # [s, b, width]
-        qkv, logits = layout.split_output(mixed)  # [s, b, ng/tp, (np/ng + 2) hn], [s, b, ng/tp]
-        hn = self.hidden_size_per_attention_head
-        query, key, value = torch.split(qkv, [layout.q_per_group * hn, hn, hn], dim=3)
-        query = query.reshape(query.size(0), query.size(1), -1, hn)  # [s, b, np/tp, hn]
+        query, key, value, logits = layout.split_output(mixed)  # k, v [s, b, ng/tp, hn]; logits [s, b, ng/tp]
+        query = query.reshape(query.size(0), query.size(1), -1, self.hidden_size_per_attention_head)  # [s, b, np/tp, hn]
         if self.q_layernorm is not None:
             query = self.q_layernorm(query)
         if self.k_layernorm is not None:

@@ -61,9 +61,15 @@ class FusedGateLayout:
         return cls(groups=ng // tp, q_per_group=nq // ng, head_dim=config.kv_channels, tp=tp)
 
     def split_output(self, mixed: torch.Tensor):
-        """[..., width] -> qkv [..., groups, group_qkv], gate logits [..., groups] (views)."""
-        grouped = mixed[..., : self.groups * self.group_width].unflatten(-1, (self.groups, self.group_width))
-        return grouped[..., : self.group_qkv], grouped[..., self.group_qkv]
+        """[..., width] -> q [..., groups, np/ng * hn], k, v [..., groups, hn], gate logits [..., groups]
+        (views). Two torch.split calls, so that the backward writes the gradient in two concatenations
+        (slicing and indexing would each add a zero-filled full-width gradient and a sum)."""
+        if self.pad:
+            mixed = torch.split(mixed, [self.groups * self.group_width, self.pad], dim=-1)[0]
+        grouped = mixed.unflatten(-1, (self.groups, self.group_width))
+        hn = self.head_dim
+        q, k, v, logits = torch.split(grouped, [self.q_per_group * hn, hn, hn, 1], dim=-1)
+        return q, k, v, logits.squeeze(-1)
 
     def grouped(self, w: torch.Tensor) -> torch.Tensor:
         """Local fused [width, h] -> a view [groups, group_width, h] (the padding left out)."""
