@@ -71,6 +71,8 @@ VARIANTS = {
     "resformer": dict(arch="resformer"),
     "satformer": dict(arch="satformer"),
     "satformer_last2_sigmoid": dict(arch="satformer", value_residual_last_k=2, value_residual_gate="sigmoid"),
+    # a softmax over the KV heads: with the fused gate each TP rank gathers the N_kv logits of a token
+    "satformer_softmax_sigmoid": dict(arch="satformer", value_residual_gate="softmax_sigmoid"),
     "denseformer": dict(arch="denseformer"),
     "muddformer": dict(arch="muddformer"),
     "hyperconnections": dict(arch="hyperconnections"),
@@ -98,6 +100,7 @@ CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconne
 ] + [
     ("satformer_last2_sigmoid", "tp2_pp2"),
     ("satformer_last2_sigmoid", "pp2_vpp2"),
+    ("satformer_softmax_sigmoid", "tp2_sp"),
 ]
 # The one-rank reference computes SATFormer's gate as its own GEMM (value_residual_gate_impl 'separate'); the
 # layouts use the default, W_alpha's rows inside linear_qkv. So each layout also checks that the fused gate
