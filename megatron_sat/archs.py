@@ -8,13 +8,15 @@ tools and the model config all read the same facts:
     DENSE               carry every earlier layer's output (DenseFormer, MUDDFormer): no full recompute
     BASELINES           the paper's dense-connection baselines: BF16 only (no FP8)
     GATES               SATFormer's gate functions (relu is the paper's)
-    arch_label(...)     'satformer:dot_product' -> (arch, config overrides): A/B variants benchmarked side by side
+    GATE_IMPLS          how the gate is computed: fused into linear_qkv (default) or its own GEMM
+    arch_label(...)     'satformer:separate' -> ('satformer', {'value_residual_gate_impl': 'separate'}): the
+                        profilers' labels for one arch two ways in one run (also ARCH:dot_product)
     muddformer_ffn_width(...)  MUDDFormer's per-layer FFN widths (model, parameter counts, HF conversion)
     arch_errors(...)    what an arch refuses, one line each (the trainer's flags and the model config
                         both report these)
 """
 
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 VALUE_RESIDUAL = ("resformer", "satformer")
@@ -22,25 +24,31 @@ DENSE = ("denseformer", "muddformer")
 BASELINES = ("denseformer", "muddformer", "hyperconnections")
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 RESFORMER_LAMBDAS = ("learned", "fixed")
+GATE_IMPLS = ("fused", "separate")  # megatron_sat.model.attention; same function, same checkpoints
 OUTPUT_LAYER_INITS = ("scaled", "unscaled")  # Megatron's std / sqrt(2L) for output projections, or the plain std
 LOCAL_ATTENTION = ("sdpa", "dot_product")  # the local backend's core attention: torch SDPA, or Megatron's baddbmm
 WEIGHT_DECAY_PARAMS = ("matrices", "all")     # Megatron's rule (no decay on 1-D tensors and biases), or every tensor
 
 
-# label suffixes for benchmarking one arch two ways in one run (tools/benchmark_step.py, tools/profile_throughput.py)
+# label suffixes for profiling one arch two ways in one run (tools/benchmark_step.py, tools/profile_throughput.py):
+# variant -> (the arch it applies to, None = any; the SATConfig fields it sets)
 ARCH_VARIANTS = {
-    "dot_product": {"local_attention": "dot_product"},  # Megatron's DotProductAttention instead of torch SDPA
+    "separate": ("satformer", {"value_residual_gate_impl": "separate"}),  # W_alpha as its own GEMM
+    "fused": ("satformer", {"value_residual_gate_impl": "fused"}),  # W_alpha's rows inside linear_qkv
+    "dot_product": (None, {"local_attention": "dot_product"}),  # Megatron's DotProductAttention, not torch SDPA
 }
 
 
-def arch_label(label: str):
-    """'arch' or 'arch:variant' -> (arch, SATConfig overrides); ValueError naming the choices otherwise."""
-    arch, _, variant = label.partition(":")
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r} in {label!r}; choose one of {', '.join(ARCHS)}")
-    if variant and variant not in ARCH_VARIANTS:
-        raise ValueError(f"unknown variant {variant!r} in {label!r}; choose one of {', '.join(ARCH_VARIANTS)}")
-    return arch, dict(ARCH_VARIANTS.get(variant, {}))
+def arch_label(label: str) -> Tuple[str, Dict[str, str]]:
+    """(arch, config fields) of a profiler label: an arch, or ARCH:VARIANT (ARCH_VARIANTS); ValueError with the
+    accepted forms otherwise."""
+    arch, colon, variant = label.partition(":")
+    applies_to, fields = ARCH_VARIANTS.get(variant, ("", {}))
+    if arch not in ARCHS or colon and applies_to not in (None, arch):
+        raise ValueError(f"unknown arch label {label!r}; use one of {', '.join(ARCHS)}, ARCH:dot_product (Megatron's "
+                         f"DotProductAttention), or satformer:IMPL with IMPL one of {', '.join(GATE_IMPLS)} (the "
+                         "SATFormer gate's implementation)")
+    return arch, (dict(fields) if colon else {})
 
 
 def muddformer_ffn_width(base: int, num_layers: int, layer_number: int, realloc: bool = True) -> int:
@@ -54,13 +62,16 @@ def muddformer_ffn_width(base: int, num_layers: int, layer_number: int, realloc:
 
 def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: Optional[str] = None,
                 hc_expansion_rate: int = 4, value_residual_gate: str = "relu",
-                resformer_lambdas: str = "learned") -> List[str]:
+                resformer_lambdas: str = "learned", value_residual_gate_impl: str = "fused") -> List[str]:
     """Every reason the arch refuses these settings (empty when it takes them)."""
     if arch not in ARCHS:
         return [f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}"]
     errors = []
     if value_residual_gate not in GATES:
         errors.append(f"unknown --value-residual-gate {value_residual_gate!r}; choose one of {', '.join(GATES)}")
+    if value_residual_gate_impl not in GATE_IMPLS:
+        errors.append(f"unknown --value-residual-gate-impl {value_residual_gate_impl!r}; choose one of "
+                      f"{', '.join(GATE_IMPLS)}")
     if resformer_lambdas not in RESFORMER_LAMBDAS:
         errors.append(f"unknown --resformer-lambdas {resformer_lambdas!r}; choose one of "
                       f"{', '.join(RESFORMER_LAMBDAS)}")

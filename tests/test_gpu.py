@@ -14,7 +14,8 @@ from dist_utils import init_megatron, run_distributed
 pytestmark = pytest.mark.gpu
 ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 NO_FP8 = ("denseformer", "muddformer", "hyperconnections")  # the config refuses FP8 for the baselines
-UNFUSED_INPUT_NORM = ("satformer", "muddformer")  # TE spec keeps input_layernorm apart (megatron_sat/model/specs.py)
+# TE spec keeps input_layernorm apart (megatron_sat/model/specs.py); SATFormer only with the separate gate
+UNFUSED_INPUT_NORM = ("muddformer",)
 SIZES = dict(num_layers=4, hidden_size=256, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=512)
 VOCAB, SEQ, BATCH = 512, 128, 2
 
@@ -53,6 +54,7 @@ def _worker():
         missing, unexpected = te.load_state_dict(state, strict=False)
         out[f"{arch}/te_missing"] = [k for k in missing if not k.endswith("_extra_state")]
         out[f"{arch}/te_unexpected"] = list(unexpected)
+        out[f"{arch}/te_qkv"] = {type(layer.self_attention.linear_qkv).__name__ for layer in te.decoder.layers}
         got = te(tokens, pos, None).float()
         out[f"{arch}/te_vs_local_fp32"] = ((got - ref).abs().max() / ref.abs().max()).item()
         if arch in NO_FP8:
@@ -90,6 +92,8 @@ def test_te_spec_matches_local_and_runs_fp8(gpu_results, arch):
     if not gpu_results["have_te"]:
         pytest.skip("transformer-engine is not installed")
     assert not gpu_results[f"{arch}/te_missing"] and not gpu_results[f"{arch}/te_unexpected"]
+    if arch not in UNFUSED_INPUT_NORM:  # SATFormer (fused gate) keeps TE's fused norm + QKV GEMM like the Transformer
+        assert gpu_results[f"{arch}/te_qkv"] == {"TELayerNormColumnParallelLinear"}, gpu_results[f"{arch}/te_qkv"]
     assert gpu_results[f"{arch}/te_vs_local_fp32"] < 1e-3  # TF32 / fused kernels on both sides
     if arch in NO_FP8:
         assert f"FP8 is not supported for the {arch} baseline" in (gpu_results[f"{arch}/fp8_refused"] or "")

@@ -39,7 +39,8 @@ LOGIT_RTOL, GRAD_RTOL = 1e-10, 1e-10
 SIZES = dict(num_layers=4, hidden_size=48, num_attention_heads=6, num_query_groups=2, ffn_hidden_size=80)
 VARIANTS = {
     "transformer": dict(arch="transformer"),
-    "satformer": dict(arch="satformer"),
+    "satformer": dict(arch="satformer"),  # the fused gate (the default): W_alpha's rows inside linear_qkv
+    "satformer_separate": dict(arch="satformer", value_residual_gate_impl="separate"),
     "satformer_dot_product": dict(arch="satformer", local_attention="dot_product"),  # Megatron's core attention
     "satformer_sigmoid_last2": dict(arch="satformer", value_residual_gate="sigmoid", value_residual_last_k=2),
     "satformer_softmax": dict(arch="satformer", value_residual_gate="softmax"),
@@ -63,10 +64,12 @@ def _rel(got, want):
 
 def _gradient_errors(model, tokens, pos, cfg, g):
     """Relative max gradient error of every parameter for L = sum(logits * R), R random; and logits."""
+    from megatron_sat.model.fused_gate import unfused_weights
+
     weights = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     got = model(tokens, pos, None)  # [b, s, V]
-    want = reference_logits(weights, cfg, tokens)
+    want = reference_logits(unfused_weights(model, weights), cfg, tokens)  # the fused gate's rows sliced out
     cotangent = torch.randn(got.shape, generator=g, dtype=got.dtype)
     (got * cotangent).sum().backward()
     (want * cotangent).sum().backward()
@@ -160,6 +163,7 @@ def _worker():
     from megatron.core import tensor_parallel
 
     from megatron_sat.model.config import make_config
+    from megatron_sat.model.fused_gate import unfused_weights
     from megatron_sat.model.gpt import build_model
     from megatron_sat.model.sizes import count_parameters
 
@@ -171,9 +175,16 @@ def _worker():
         torch.manual_seed(SEED)  # the same init stream for every arch: shared weights must agree
         tensor_parallel.model_parallel_cuda_manual_seed(SEED, force_reset_rng=True)
         model = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)[0].double().eval()
-        init = {k: v.detach().clone() for k, v in model.named_parameters()}
+        init = unfused_weights(model, {k: v.detach().clone() for k, v in model.named_parameters()})
         transformer_init = transformer_init or init  # "transformer" comes first
         results[name + "/init"] = _init_differences(name, cfg, init, transformer_init)
+        fused = [(n, m) for n, m in model.named_modules() if getattr(m, "fused_gate_layout", None) is not None]
+        if cfg["arch"] == "satformer" and cfg.get("value_residual_gate_impl", "fused") == "fused" and not fused:
+            results[name + "/init"].append("the fused gate is the default, but no layer has its gate in linear_qkv")
+        for n, m in fused:  # the padding rows start (and stay: no gradient reaches them) at zero
+            w = m.linear_qkv.weight
+            if w.shape[0] % 16 or m.fused_gate_layout.pad and w[-m.fused_gate_layout.pad:].abs().max() != 0:
+                results[name + "/init"].append(f"{n}.linear_qkv.weight: {w.shape[0]} rows, padding not zero")
         g = torch.Generator().manual_seed(SEED)
         with torch.no_grad():
             for p in model.parameters():

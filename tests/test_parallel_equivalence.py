@@ -23,6 +23,12 @@ bound; in float64 the worst seen is 1.2e-14 (Hyper-Connections, TP2 + SP), so 1e
 orders of magnitude for rounding and fails on any gradient error above 1e-10 of a tensor's size.
 The float32 losses agree to <= 8.8e-7 (MUDDFormer, TP2 + SP).
 
+SATFormer's one-rank reference computes its gate as a GEMM of its own (value_residual_gate_impl
+'separate'); the layouts run the default, W_alpha's rows inside linear_qkv (megatron_sat/model/
+fused_gate.py), loading the reference's checkpoint resharded, and every gate and QKV weight is
+compared under the separate impl's names: the fused gate computes the same function, gradients and
+updates at every layout.
+
 The initial weights are the arch's own init plus N(0, 0.02) noise, so that weights that start as
 exact constants (zero or one-hot connection weights) have real gradients from the first step, and
 Adam's eps is 1e-6: near eps, Adam's update lr * g / (|g| + eps) turns float32 rounding of a tiny

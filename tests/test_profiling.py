@@ -30,6 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "profile_throughput.py")
 ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 H, KV_HEADS, HEADS, SEQ, MBS = 64, 2, 4, 32, 2  # the debug recipes' shape (recipes/__init__.py)
+# SATFormer's fused gate (the default): per KV group q, q, k, v rows (4 x 16) and the gate row, 2 x 65 = 130
+# rows, padded with zero rows to 144 (a multiple of 16; megatron_sat/model/fused_gate.py)
+GATE_PAD = 14
 LAYERS, HC_STREAMS = 4, 4
 
 
@@ -78,7 +81,8 @@ def test_figures_and_ratios(profiled):
         for key in ("step_s_median", "step_cpu_s_median", "tokens_per_s_per_gpu", "rss_above_start_mib",
                     "saved_activation_mib", "pipeline_bytes_per_microbatch", "params"):
             assert r[f"{key}_ratio"] == pytest.approx(r[key] / rows["transformer"][key]), (arch, key)
-    assert rows["satformer"]["params"] - rows["transformer"]["params"] == 3 * KV_HEADS * H  # W_alpha, layers 2-4
+    # W_alpha and the fused gate's padding rows, layers 2-4
+    assert rows["satformer"]["params"] - rows["transformer"]["params"] == 3 * (KV_HEADS + GATE_PAD) * H
     assert rows["denseformer"]["params"] - rows["transformer"]["params"] == 2 + 3 + 4 + 5  # DWA weights per layer
 
 
@@ -112,10 +116,11 @@ def test_flops_formula_matches_deepspeed(profiled):
     rows = {r["arch"]: r for r in result["rows"]}
     for arch, r in rows.items():
         assert r["deepspeed_to_analytic"] == pytest.approx(1.0, abs=0.05), arch
-    # SATFormer's extra matmul: layers 2..4 each compute x @ W_alpha, 2 h N_kv FLOPs per token
+    # SATFormer's extra matmul: layers 2..4 each compute x @ W_alpha inside the QKV GEMM, with its padding
+    # rows, 2 h (N_kv + pad) FLOPs per token, and the gate function
     ds = {arch: r["deepspeed_forward_flops_per_token"] for arch, r in rows.items()}
     measured = ds["satformer"] - ds["transformer"]
-    assert measured == pytest.approx(3 * (2 * H * KV_HEADS + KV_HEADS), rel=0.05)
+    assert measured == pytest.approx(3 * (2 * H * (KV_HEADS + GATE_PAD) + KV_HEADS), rel=0.05)
 
 
 def _tool():

@@ -7,9 +7,10 @@ BPE 512 trained on it), 40 scheduled steps, global batch 8 = 4 micro-batches of 
   B  1 process, --load A --ckpt-step 3, steps 4-6               -> exactly A's losses (resume)
   C  1 process, SIGTERM after step 2 -> checkpoint, exit 0; rerun with --load -> finishes 40 steps
      with exactly A's losses
-  D  4 processes TP2 x PP2, --load A --ckpt-step 3 (layout change), steps 4-8 -> A's losses and
-     gate telemetry (relative 1e-5)
-  E  1 process, --load D (TP2 x PP2 -> TP1 x PP1), steps 9-10    -> A's losses
+  D  4 processes TP2 x PP2 with the separate SATFormer gate, --load A --ckpt-step 3 (layout and gate
+     implementation change: A has the default, fused gate), steps 4-8 -> A's losses and gate telemetry
+     (relative 1e-5)
+  E  1 process, fused gate, --load D (TP2 x PP2 -> TP1 x PP1, separate -> fused), steps 9-10 -> A's losses
   N  1 process, NaN injected at step 5 -> exit 3 with a message; latest checkpoint stays at 3
   F  1 process, --save F --load F --pretrained-checkpoint A, steps 1-2: A's final weights (validation
      loss after a step at lr 0 equals A's last one exactly), a new LR schedule from iteration 0; the
@@ -69,7 +70,7 @@ def runs(tmp_path_factory):
     out["C2_log"] = train(*TINY, *data, "--save", str(c_dir), "--load", str(c_dir))
     out["D_log"] = train(*TINY, *data, "--save", str(tmp / "D"), "--load", str(tmp / "A"), "--ckpt-step", "3",
                          "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                         "--exit-interval", "8", nproc=4)
+                         "--value-residual-gate-impl", "separate", "--exit-interval", "8", nproc=4)
     out["E_log"] = train(*TINY, *data, "--save", str(tmp / "E"), "--load", str(tmp / "D"), "--exit-interval", "10")
     out["N_log"] = train(*TINY, *data, "--save", str(tmp / "N"), "--save-interval", "3",
                          "--debug-inject-nan-at-step", "5", expect=3)
@@ -146,6 +147,8 @@ def test_tp2_pp2_from_one_rank_checkpoint_matches(runs):
         assert got[s]["grad_norm"] == pytest.approx(ref[s]["grad_norm"], rel=1e-4)
         assert got[s]["gate_mean"][1:] == pytest.approx(ref[s]["gate_mean"][1:], rel=1e-4, abs=1e-6)
     assert "saved at TP1 x PP1" in runs["D_log"] and "TP2xPP2xDP1" in runs["D_log"]
+    impls = [json.load(open(runs["tmp"] / run / "config.json"))["value_residual_gate_impl"] for run in "ADE"]
+    assert impls == ["fused", "separate", "fused"]  # the checkpoints crossed gate implementations both ways
     back, _ = metrics(runs["tmp"] / "E")
     assert sorted(back) == [9, 10]
     for s in back:

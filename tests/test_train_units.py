@@ -30,7 +30,13 @@ def test_flops_hand_count_tiny():
     # SATFormer mixes in layers 2 and 3: x @ W_alpha [8, 1] = 16, relu 1, alpha * V1 + V over 4 = 8
     sat = flops_breakdown(_cfg("satformer"), 5, 11)
     assert (sat["gate"], sat["mixing"]) == (2 * (16 + 1), 2 * 8)
-    assert flops_per_token(_cfg("satformer"), 5, 11, training=False) == 4112 + 34 + 16
+    separate = _cfg("satformer", value_residual_gate_impl="separate")
+    assert flops_per_token(separate, 5, 11, training=False) == 4112 + 34 + 16
+    # the fused gate (default): QKV rows (2 + 2) * 4 = 16, + 1 gate row = 17, padded to 32: 15 zero rows of h
+    assert sat["gate_padding"] == 2 * (2 * 8 * 15) and flops_breakdown(separate, 5, 11)["gate_padding"] == 0
+    assert flops_per_token(_cfg("satformer"), 5, 11, training=False) == 4112 + 34 + 16 + 480
+    # TP 2 cannot split one KV group: the gate stays separate, no padding
+    assert flops_breakdown(_cfg("satformer"), 5, 11, tp=2)["gate_padding"] == 0
     # last_k=1: only layer 3; ResFormer: l1 * V1 + l2 * V = 3 * 4 per mixing layer
     assert flops_breakdown(_cfg("satformer", value_residual_last_k=1), 5, 11)["gate"] == 17
     res = flops_breakdown(_cfg("resformer"), 5, 11)
@@ -56,6 +62,24 @@ def test_flops_of_the_baselines_hand_count_tiny():
     assert mudd["mlp"] == flops_breakdown(_cfg("transformer"), 5, 11)["mlp"]  # same FFN in every layer
     realloc = flops_breakdown(_cfg("muddformer", muddformer_param_realloc=True), 5, 11)["mlp"]
     assert realloc == 2 * 8 * (256 + 256 + 256) * 3  # FFN 0.5x, 1x, 1.5x of 16, rounded as the authors: >= 256
+
+
+def test_fused_gate_padding_under_one_percent_at_paper_scales():
+    """The fused gate pads each TP rank's QKV width to a multiple of 16 rows: under 1% extra GEMM width at
+    the paper's scales for TP 1 and 2 (the recipes run TP 1), and for 760M and 1.3B also at TP 4. A rank
+    with g KV groups needs (-g) mod 16 rows, so few groups per rank cost more: 340M and 130M at TP 4 (4 and
+    3 groups per rank) pad 1.6% and 2.3%. The gate rows themselves are W_alpha (counted in "gate")."""
+    from megatron_sat.model.config import make_config
+    from megatron_sat.model.fused_gate import padding_rows
+    from megatron_sat.model.sizes import PAPER_SCALES
+
+    for scale, sizes in PAPER_SCALES.items():
+        cfg = make_config("satformer", **sizes)
+        qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * cfg.kv_channels
+        for tp in (1, 2, 4) if scale in ("760M", "1.3B") else (1, 2):
+            pad = padding_rows(cfg, tp)
+            assert (qkv_rows + cfg.num_query_groups + pad) % (16 * tp) == 0
+            assert pad / qkv_rows < 0.01, f"{scale} TP{tp}: {pad} padding rows on {qkv_rows}"
 
 
 def test_flops_match_parameter_rule_of_thumb_at_1b():
@@ -215,3 +239,15 @@ def test_resume_of_a_checkpoint_from_before_qk_norm_eps_asks_for_its_eps():
     assert model_differences(old, {"arch": "satformer", "layernorm_epsilon": 1e-6, "qk_norm_eps": 1e-5}) == [
         "qk_norm_eps 1e-06 in the checkpoint, 1e-05 now"]
     assert model_differences(old, {"arch": "satformer", "layernorm_epsilon": 1e-6, "qk_norm_eps": 1e-6}) == []
+
+
+def test_arch_labels_select_the_gate_implementation():
+    from megatron_sat.archs import arch_label
+
+    assert arch_label("satformer") == ("satformer", {})
+    assert arch_label("satformer:separate") == ("satformer", {"value_residual_gate_impl": "separate"})
+    assert arch_label("satformer:fused") == ("satformer", {"value_residual_gate_impl": "fused"})
+    assert arch_label("transformer:dot_product") == ("transformer", {"local_attention": "dot_product"})
+    for bad in ("transformer:separate", "satformer:eager", "satformer:", "sat"):
+        with pytest.raises(ValueError, match="satformer:IMPL"):
+            arch_label(bad)

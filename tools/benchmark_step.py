@@ -4,6 +4,7 @@ and layout.
     python tools/benchmark_step.py                                  # CPU-sized default
     python tools/benchmark_step.py --scale 760M --seq-length 4096 --bf16 --rounds 20   # on a GPU
     python tools/benchmark_step.py --archs transformer satformer satformer:dot_product   # A/B of one arch
+    python tools/benchmark_step.py --archs transformer satformer satformer:separate --seq-length 256  # gate A/B
 
 Forward+backward of one micro-batch per arch, the archs interleaved round by round in one process
 (megatron_sat/profiling/step_benchmark.py); prints each arch's median step time, saved-activation
@@ -30,10 +31,19 @@ from megatron_sat.archs import ARCH_VARIANTS, ARCHS, arch_label
 from megatron_sat.model.sizes import PAPER_SCALES
 
 
+def _label(text: str) -> str:
+    try:
+        arch_label(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--archs", nargs="+", default=list(ARCHS), metavar="ARCH[:VARIANT]",
-                   help=f"archs ({', '.join(ARCHS)}), each optionally with a variant ({', '.join(ARCH_VARIANTS)})")
+    p.add_argument("--archs", nargs="+", default=list(ARCHS), type=_label,
+                   metavar="ARCH[:VARIANT]", help="archs, and variants: satformer:separate / satformer:fused (the "
+                   f"SATFormer gate's implementation), ARCH:dot_product (Megatron's attention); all: {list(ARCH_VARIANTS)}")
     p.add_argument("--scale", choices=list(PAPER_SCALES), help="a paper scale instead of the sizes below")
     p.add_argument("--num-layers", type=int, default=8)
     p.add_argument("--hidden-size", type=int, default=256)
@@ -53,12 +63,6 @@ def main():
     args = p.parse_args()
     if "transformer" not in args.archs:
         p.error("--archs must include transformer (the baseline of the ratios)")
-    for label in args.archs:
-        try:
-            arch_label(label)
-        except ValueError as e:
-            p.error(str(e))
-
     if args.fp8_format:
         from megatron_sat.model.specs import te_available
 

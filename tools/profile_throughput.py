@@ -4,6 +4,9 @@ CPU (debug sizes; every arch, one process per arch and repeat, a few minutes on 
     python tools/profile_throughput.py --recipe debug_satformer --out runs/profile_cpu
     python tools/profile_throughput.py --recipe debug_satformer --nproc 2 --pp 2 --out runs/profile_pp2
     python tools/profile_throughput.py --recipe debug_satformer --flops-profile --trace-steps 2-2 --out runs/p
+SATFormer's two gate implementations side by side (an arch label 'satformer:IMPL', IMPL fused or separate):
+    python tools/profile_throughput.py --recipe debug_satformer --archs transformer satformer satformer:separate \
+        --mode shared --out runs/profile_gate
 GPU, the paper's 760M comparison on one node (8 GPUs, BF16, the recipe's layout and batch):
     python tools/profile_throughput.py --scale 760M --nproc 8 --steps 10 --out runs/profile_760M
     python tools/profile_throughput.py --scale 1.3B --nproc 8 --steps 10 --out runs/profile_1.3B   # MFU target 45%
@@ -41,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_sat.archs import ARCHS, arch_errors  # (import-free: no megatron here)
+from megatron_sat.archs import ARCHS, arch_errors, arch_label  # (import-free: no megatron here)
 from megatron_sat.training.arguments import MODEL_CONFIG_KEYS
 
 ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
@@ -114,13 +117,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_label(label: str) -> bool:
+    try:
+        arch_label(label)
+        return True
+    except ValueError:
+        return False
+
+
 def _resolve(args, parser) -> dict:
     """The run's settings from recipe/scale + flags; parser.error on anything invalid (no megatron import)."""
-    bad = [a for a in args.archs if a not in ARCHS]
+    bad = [a for a in args.archs if not _is_label(a)]
     if bad:
         hints = [f"{a}: did you mean {ALIASES[a.lower()]}?" for a in bad if a.lower() in ALIASES]
-        parser.error(f"unknown arch(s) {', '.join(bad)}; available: {', '.join(ARCHS)}"
-                     + (f" ({'; '.join(hints)})" if hints else ""))
+        parser.error(f"unknown arch(s) {', '.join(bad)}; available: {', '.join(ARCHS)}, and satformer:separate / "
+                     "satformer:fused (the gate's implementation)" + (f" ({'; '.join(hints)})" if hints else ""))
     if len(set(args.archs)) != len(args.archs):
         parser.error(f"--archs lists an arch twice: {' '.join(args.archs)}")
     if args.baseline not in args.archs:
@@ -193,7 +204,7 @@ def _resolve(args, parser) -> dict:
     recompute = args.recompute or base.get("recompute_granularity") or "none"
     for arch in args.archs:  # what an arch refuses (megatron_sat/archs.py), with the tool's flag names
         errors += [e.replace("--recompute-granularity", "--recompute") for e in
-                   arch_errors(arch, recompute_granularity=None if recompute == "none" else recompute)]
+                   arch_errors(arch_label(arch)[0], recompute_granularity=None if recompute == "none" else recompute)]
     if errors:
         parser.error("\n  ".join(["invalid settings:"] + errors))
     rec = {} if recompute == "none" else (dict(recompute_granularity="selective") if recompute == "selective" else

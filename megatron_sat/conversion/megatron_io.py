@@ -19,7 +19,7 @@ from megatron_sat.conversion.mapping import CONVERTIBLE, ConversionError, ModelS
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
 # Transformer Engine keeps some norms inside the next linear; the local spec maps its names to
-# those, except SATFormer's TE layer, which keeps input_layernorm separate. Try either name.
+# those, except SATFormer's TE layer with the separate gate, which keeps input_layernorm apart. Try either name.
 KEY_ALIASES = (("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"),
                ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"))
 
@@ -114,7 +114,12 @@ def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
 
 
 def make_model(spec: ModelSpec, dtype: torch.dtype, **config_overrides):
-    """(config, [model]) at TP1/PP1 on this one process; parallel state is (re)initialised."""
+    """(config, [model]) at TP1/PP1 on this one process; parallel state is (re)initialised.
+
+    SATFormer is built with the separate gate, whose parameters are the tensors both gate impls store in
+    checkpoints (linear_qkv.weight and value_residual_gate.weight, megatron_sat.model.fused_gate), so
+    a checkpoint of either impl loads here and named_parameters() has the names mapping.py converts."""
+    config_overrides.setdefault("value_residual_gate_impl", "separate")
     from megatron_sat.model.config import make_config
     from megatron_sat.model.gpt import build_model
     from megatron_sat.parallel.layout import Layout, initialize

@@ -10,20 +10,31 @@ Megatron has split Q, K and V (and applied QK-norm to Q and K only), it
 and hands V' to RoPE-free core attention (V never gets RoPE), so the KV cache would hold V'.
 x is the attention's input, i.e. the normalised hidden state that feeds linear_qkv.
 
+The SATFormer gate has two implementations (config.value_residual_gate_impl):
+    fused      W_alpha's rows live in linear_qkv's weight, one per KV group (megatron_sat.model.fused_gate):
+               one GEMM gives Q, K, V and the gate logits; the mix runs as one kernel on GPU
+               (megatron_sat.model.value_mix). The default.
+    separate   ValueResidualGate below: its own GEMM on x, exchanged over TP; eager mix.
+Checkpoints store the same tensors for both (fused_gate.sharded_factory).
+
 V1 arrives through `self.v1` (set by ValueResidualTransformerLayer around each call) because
 Megatron's attention forward has no argument for it; layer 1 leaves its V there for the layer.
 """
 
+import dataclasses
 from typing import Optional
 
 import torch
 from megatron.core.tensor_parallel.mappings import (
+    all_gather_last_dim_from_tensor_parallel_region,
     all_to_all_sp2hp,
     scatter_to_tensor_model_parallel_region,
 )
 from megatron.core.transformer.attention import SelfAttention
 
+from megatron_sat.model import fused_gate
 from megatron_sat.model.config import SATConfig, gate_function
+from megatron_sat.model.value_mix import mix_eager, mix_fused
 
 
 class ValueResidualGate(torch.nn.Module):
@@ -69,13 +80,33 @@ class ValueResidualSelfAttention(SelfAttention):
     """SelfAttention that produces (layer 1) or mixes (later layers) the value residual V1."""
 
     def __init__(self, config: SATConfig, submodules, layer_number: int, *args, **kwargs):
+        mixes_v1 = layer_number in config.mixing_layers
+        fused = mixes_v1 and config.arch == "satformer" and config.fused_value_residual_gate
+        if fused:  # linear_qkv is built wider, with the gate rows (megatron_sat.model.fused_gate)
+            build = submodules.linear_qkv
+
+            def build_fused(in_size, out_size, **kw):
+                layout = fused_gate.FusedGateLayout.from_config(config, kw["tp_group"].size())
+                return fused_gate.build_fused_linear(build, layout, in_size, out_size, **kw)
+
+            submodules = dataclasses.replace(submodules, linear_qkv=build_fused)
         super().__init__(config, submodules, layer_number, *args, **kwargs)
         self.produces_v1 = layer_number == 1
-        self.mixes_v1 = layer_number in config.mixing_layers
+        self.mixes_v1 = mixes_v1
+        self.gated = mixes_v1 and config.arch == "satformer"  # has a SATFormer gate (telemetry)
         self.v1: Optional[torch.Tensor] = None  # set by the layer around each forward
         self.last_alpha: Optional[torch.Tensor] = None  # detached gate of the last forward (telemetry)
         self.lambda1_fn = None  # ResFormer learned mode: set by the model (lambda1 is shared)
-        if self.mixes_v1 and config.arch == "satformer":
+        self.fused_gate_layout = None  # this layer's gate rows in linear_qkv (fused impl)
+        if fused:
+            tp = self.pg_collection.tp
+            self.fused_gate_layout = fused_gate.FusedGateLayout.from_config(config, tp.size())
+            self.linear_qkv_out_dim = self.fused_gate_layout.width * tp.size()
+            if config.perform_initialization:
+                fused_gate.init_gate_rows(self.linear_qkv.weight, self.fused_gate_layout, tp.rank(),
+                                          config.value_residual_gate_init_std, config.params_dtype)
+            self.gate_fn = gate_function(config.value_residual_gate)
+        elif self.gated:
             self.value_residual_gate = ValueResidualGate(config, self.pg_collection.tp)
         if self.mixes_v1 and config.arch == "resformer" and config.resformer_lambdas == "learned":
             self.value_residual_lambda2 = torch.nn.Parameter(
@@ -84,6 +115,8 @@ class ValueResidualSelfAttention(SelfAttention):
             self.value_residual_lambda2.tp_partial_grad = True  # summed over TP (parallel/grads.py)
 
     def get_query_key_value_tensors(self, hidden_states, key_value_states=None, output_gate=False, split_qkv=True):
+        if self.fused_gate_layout is not None:
+            return self._fused_query_key_value(hidden_states, output_gate, split_qkv)
         query, key, value = super().get_query_key_value_tensors(
             hidden_states, key_value_states, output_gate=output_gate, split_qkv=split_qkv
         )  # q [s, b, np/tp, hn]; k, v [s, b, ng/tp, hn]
@@ -93,18 +126,55 @@ class ValueResidualSelfAttention(SelfAttention):
             value = self._mix(value, hidden_states)
         return query, key, value
 
-    def _mix(self, value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        v1 = self.v1
-        if v1 is None:
+    def _fused_query_key_value(self, hidden_states, output_gate, split_qkv):
+        """Megatron's split of the fused projection (ng divisible by TP), plus the gate logits."""
+        if output_gate or not split_qkv:
+            raise RuntimeError("the fused SATFormer gate needs split Q, K, V and no attention output gate")
+        layout = self.fused_gate_layout
+        mixed, _ = self.linear_qkv(hidden_states)  # [s, b, width]
+        query, key, value, logits = layout.split_output(mixed)  # k, v [s, b, ng/tp, hn]; logits [s, b, ng/tp]
+        query = query.reshape(query.size(0), query.size(1), -1, self.hidden_size_per_attention_head)  # [s, b, np/tp, hn]
+        if self.q_layernorm is not None:
+            query = self.q_layernorm(query)
+        if self.k_layernorm is not None:
+            key = self.k_layernorm(key)
+        alpha = self._gate_values(logits)  # [s, b, ng/tp]
+        self.last_alpha = alpha.detach()
+        return query, key, mix_fused(value, alpha, self._v1())
+
+    def _gate_values(self, logits: torch.Tensor) -> torch.Tensor:
+        """alpha from this rank's logits [s, b, ng/tp]; the softmax gates normalise over all KV heads,
+        so under TP they gather the N_kv logits of a token (its backward reduce-scatters)."""
+        tp = self.pg_collection.tp
+        if tp.size() == 1 or self.config.value_residual_gate not in ("softmax", "softmax_sigmoid"):
+            return self.gate_fn(logits)
+        full = all_gather_last_dim_from_tensor_parallel_region(logits, group=tp)  # [s, b, ng]
+        n = logits.shape[-1]
+        return self.gate_fn(full)[..., tp.rank() * n:(tp.rank() + 1) * n]
+
+    def _v1(self) -> torch.Tensor:
+        if self.v1 is None:
             raise RuntimeError(
                 f"layer {self.layer_number} mixes V1 but none reached it: the model must pass V1 "
                 "between layers and pipeline stages (use megatron_sat.model.build_model and "
                 "megatron_sat.parallel.pipeline.forward_backward)"
             )
+        return self.v1
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Optional[dict] = None):
+        """Megatron's, with a fused linear_qkv.weight saved as the Transformer's weight plus the gate's."""
+        sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        if self.fused_gate_layout is not None:
+            key = f"{prefix}linear_qkv.weight"
+            sd[key] = fused_gate.sharded_factory(sd[key], self.fused_gate_layout, sharded_offsets)
+        return sd
+
+    def _mix(self, value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        v1 = self._v1()
         if self.config.arch == "satformer":
             alpha = self.value_residual_gate(x, seq_len=value.shape[0])  # [s, b, ng/tp]
             self.last_alpha = alpha.detach()
-            return value + alpha.unsqueeze(-1) * v1  # [s, b, ng/tp, hn]
+            return mix_eager(value, alpha, v1)  # [s, b, ng/tp, hn]
         if self.config.resformer_lambdas == "fixed":
             return 0.5 * v1 + 0.5 * value
         return self.lambda1_fn(self.layer_number) * v1 + self.value_residual_lambda2 * value

@@ -27,6 +27,7 @@ from megatron.core.utils import init_method_normal
 from megatron_sat.archs import (  # noqa: F401
     ARCHS,
     BASELINES,
+    GATE_IMPLS,
     GATES,
     LOCAL_ATTENTION,
     OUTPUT_LAYER_INITS,
@@ -46,6 +47,12 @@ class SATConfig(TransformerConfig):
 
     value_residual_gate: str = "relu"
     """SATFormer gate function applied to x @ W_alpha (one of GATES); relu is the paper's."""
+
+    value_residual_gate_impl: str = "fused"
+    """'fused': W_alpha's N_kv rows inside linear_qkv, one per KV group, and the mix in one GPU kernel
+    (megatron_sat.model.fused_gate); 'separate': its own GEMM on the normalised x. Same function and
+    checkpoints. Fused needs num_query_groups divisible by TP and no QKV bias; otherwise the gate is
+    separate (fused_value_residual_gate says which one runs)."""
 
     value_residual_last_k: Optional[int] = None
     """Mix V1 only into the last k layers (1 <= k <= num_layers - 1); None mixes into layers 2..L."""
@@ -100,6 +107,9 @@ class SATConfig(TransformerConfig):
                 f"unknown value_residual_gate {self.value_residual_gate!r}; "
                 f"choose one of {', '.join(GATES)}"
             )
+        if self.value_residual_gate_impl not in GATE_IMPLS:
+            raise ValueError(f"unknown value_residual_gate_impl {self.value_residual_gate_impl!r}; "
+                             f"choose one of {', '.join(GATE_IMPLS)}")
         if self.resformer_lambdas not in RESFORMER_LAMBDAS:
             raise ValueError(
                 f"unknown resformer_lambdas {self.resformer_lambdas!r}; "
@@ -140,6 +150,13 @@ class SATConfig(TransformerConfig):
     @property
     def uses_value_residual(self) -> bool:
         return self.arch in VALUE_RESIDUAL_ARCHS
+
+    @property
+    def fused_value_residual_gate(self) -> bool:
+        """SATFormer's gate rows live in linear_qkv (value_residual_gate_impl 'fused', where it applies)."""
+        from megatron_sat.model.fused_gate import applies
+
+        return applies(self, self.tensor_model_parallel_size)
 
     @property
     def is_dense(self) -> bool:

@@ -11,6 +11,9 @@ only where they are part of the value-residual mechanism, since they are what di
         MLP                     2 h f x 3 (SwiGLU: gate, up, down) or x 2 (plain)
     per mixing layer (layers 2..L, or the last k):
         SATFormer               2 h ng (x @ W_alpha) + ng (gate fn) + 2 ng d (alpha * V1, + V)
+                                fused gate (W_alpha's rows in linear_qkv): + 2 h P (key "gate_padding"),
+                                P the zero rows that pad each TP rank's QKV width to a multiple of 16
+                                (megatron_sat.model.fused_gate; P depends on TP, given as `tp`)
         ResFormer               3 ng d (l1 * V1, l2 * V, +)
     connections of the baselines (key "connections"), per layer i = 1..L with k = i + 1 earlier outputs:
         DenseFormer             (2k - 1) h                       weighted sum of X_0..X_i
@@ -39,8 +42,10 @@ def _mixing_layers(cfg) -> int:
     return cfg.num_layers - 1 if k is None else k
 
 
-def flops_breakdown(cfg, seq_length: int, vocab_size: int) -> dict:
-    """Forward FLOPs per token by term. cfg: anything with SATConfig's field names."""
+def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = None) -> dict:
+    """Forward FLOPs per token by term. cfg: anything with SATConfig's field names; tp: the TP size the
+    fused gate's padding is counted for (default the config's tensor_model_parallel_size, else 1)."""
+    from megatron_sat.model.fused_gate import padding_rows  # no Megatron import
     h, L, nh = cfg.hidden_size, cfg.num_layers, cfg.num_attention_heads
     ng = getattr(cfg, "num_query_groups", None) or nh
     d = getattr(cfg, "kv_channels", None) or h // nh
@@ -54,10 +59,12 @@ def flops_breakdown(cfg, seq_length: int, vocab_size: int) -> dict:
         mlp=L * 2 * h * f * mlp_mats,
         logits=2 * h * vocab_size,
         gate=0,
+        gate_padding=0,
         mixing=0,
     )
     if cfg.arch == "satformer":
         out["gate"] = m * (2 * h * ng + ng)
+        out["gate_padding"] = m * 2 * h * padding_rows(cfg, tp or getattr(cfg, "tensor_model_parallel_size", 1))
         out["mixing"] = m * 2 * ng * d
     elif cfg.arch == "resformer":
         out["mixing"] = m * 3 * ng * d
@@ -92,9 +99,9 @@ def _connections(cfg, h: int, L: int) -> int:
     return 0
 
 
-def flops_per_token(cfg, seq_length: int, vocab_size: int, training: bool = True) -> int:
+def flops_per_token(cfg, seq_length: int, vocab_size: int, training: bool = True, tp: Optional[int] = None) -> int:
     """Model FLOPs per token: forward, or forward + backward (3x) when training."""
-    forward = sum(flops_breakdown(cfg, seq_length, vocab_size).values())
+    forward = sum(flops_breakdown(cfg, seq_length, vocab_size, tp).values())
     return 3 * forward if training else forward
 
 

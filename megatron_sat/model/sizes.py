@@ -6,6 +6,8 @@ and every arch is multi-head (their Transformer medium alone used 4 KV heads), s
 scale differ only in the value residual.
 """
 
+from typing import Optional
+
 PAPER_VOCAB = 32000  # Llama-2 tokenizer
 PAPER_SEQ_LENGTH = 4096
 
@@ -17,8 +19,14 @@ PAPER_SCALES = {
 }
 
 
-def count_parameters(config, vocab_size: int, tied_embeddings: bool = True) -> dict:
-    """Parameters by part for a megatron_sat model (matches sum(p.numel()) of the built model)."""
+def count_parameters(config, vocab_size: int, tied_embeddings: bool = True, tp: Optional[int] = None) -> dict:
+    """Parameters by part for a megatron_sat model (matches sum(p.numel()) of the built model).
+
+    "gate_padding": the zero rows of SATFormer's fused gate (megatron_sat.model.fused_gate), which pad
+    each TP rank's QKV weight to a multiple of 16 rows; they depend on the TP size `tp` (default the
+    config's tensor_model_parallel_size) and are counted in "total" (they take memory)."""
+    from megatron_sat.model.fused_gate import padding_rows  # no Megatron import
+
     h, L = config.hidden_size, config.num_layers
     hn, nq, ng = config.kv_channels, config.num_attention_heads, config.num_query_groups
     attention = h * (nq + 2 * ng) * hn + nq * hn * h  # linear_qkv + linear_proj
@@ -55,6 +63,8 @@ def count_parameters(config, vocab_size: int, tied_embeddings: bool = True) -> d
         mlp=mlp_total,
         norms=norms_total,
         value_residual=value_residual,
+        gate_padding=mixing * h * padding_rows(config, tp or getattr(config, "tensor_model_parallel_size", 1))
+        if config.arch == "satformer" else 0,
         connections=connections,
     )
     parts["total"] = sum(parts.values())

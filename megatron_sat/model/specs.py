@@ -13,9 +13,10 @@ Two backends with the same classes on top:
   * local: pure Megatron-Core modules, runs anywhere (the CPU path and the tests); core attention on
            torch's scaled_dot_product_attention (flash kernels on any GPU) unless local_attention='dot_product';
   * te:    Transformer Engine linears, norms and attention (BF16/FP8, context parallel), chosen
-           when transformer_engine imports and a GPU is present. SATFormer's gate reads the
-           normalised x, which TE's fused norm+QKV linear keeps to itself, so there the norm is a
-           separate TENorm in front of a TEColumnParallelLinear (same weights, unfused).
+           when transformer_engine imports and a GPU is present. SATFormer's fused gate is rows of
+           linear_qkv, so its layer keeps TE's fused norm+QKV linear like the Transformer's; the
+           separate gate reads the normalised x, which that linear keeps to itself, so there the norm
+           is a TENorm in front of a TEColumnParallelLinear (same weights, unfused).
 """
 
 import copy
@@ -89,7 +90,8 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
     if config.uses_value_residual:
         module = ValueResidualTransformerLayer
         attention.module = ValueResidualSelfAttention
-        unfused_input_norm = config.arch == "satformer"  # the gate reads the normalised x
+        # the separate gate reads the normalised x; the fused one is part of the fused norm + QKV linear
+        unfused_input_norm = config.arch == "satformer" and not config.fused_value_residual_gate
     elif config.arch == "muddformer":
         module = MUDDFormerLayer
         attention.module = MultiInputSelfAttention

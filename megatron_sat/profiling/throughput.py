@@ -37,6 +37,8 @@ from contextlib import contextmanager
 
 import torch
 
+from megatron_sat.archs import arch_label
+
 MIB = 2 ** 20
 
 
@@ -105,11 +107,12 @@ class ArchRun:
         from megatron_sat.training.checkpointing import unwrap
         from megatron_sat.training.step import setup_model_and_optimizer
 
-        self.arch, self.spec = arch, spec
+        self.arch, self.spec = arch, spec  # arch: a label, e.g. 'satformer:separate' (megatron_sat.archs.arch_label)
         bf16 = spec["bf16"]
         dtype = torch.bfloat16 if bf16 else torch.float32
         self.num_micro = spec["global_batch_size"] // (spec["micro_batch_size"] * layout.dp(world))
-        self.config = make_config(arch, **spec["sizes"], **spec.get("arch_options", {}), bf16=bf16,
+        name, label_options = arch_label(arch)
+        self.config = make_config(name, **spec["sizes"], **dict(spec.get("arch_options", {}), **label_options), bf16=bf16,
                                   params_dtype=dtype, **layout.config_fields(dtype), **spec.get("recompute", {}))
         validate(layout, self.config, world, seq_length=spec["seq_length"], num_microbatches=self.num_micro,
                  backend=spec.get("backend") or "local")

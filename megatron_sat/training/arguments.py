@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--num-query-groups", type=int, default=None, help="KV heads (default: = attention heads)")
     g("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
     g("--value-residual-gate", default="relu", help=f"SATFormer gate, one of {', '.join(GATES)}")
+    g("--value-residual-gate-impl", default="fused",
+      help=f"SATFormer gate: {' | '.join(archs.GATE_IMPLS)} (fused: W_alpha's rows in the QKV projection and the "
+           "mix in one GPU kernel; separate: its own GEMM, for A/B runs); checkpoints load in either")
     g("--value-residual-last-k", type=int, default=None, help="mix V1 into the last k layers only")
     g("--resformer-lambdas", default="learned", choices=list(archs.RESFORMER_LAMBDAS))
     g("--hc-expansion-rate", type=int, default=4, help="hyperconnections: number of residual streams n")
@@ -304,12 +307,13 @@ def arch_errors(args: argparse.Namespace) -> List[str]:
     """What the chosen arch refuses (megatron_sat/archs.py; the model config raises the same)."""
     return archs.arch_errors(args.arch, fp8=args.fp8_format, recompute_granularity=args.recompute_granularity,
                              hc_expansion_rate=args.hc_expansion_rate, value_residual_gate=args.value_residual_gate,
-                             resformer_lambdas=args.resformer_lambdas)
+                             resformer_lambdas=args.resformer_lambdas,
+                             value_residual_gate_impl=args.value_residual_gate_impl)
 
 
 # the arch switches of megatron_sat.model.config.SATConfig, under the same names as the trainer's argument dests
-MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_last_k", "resformer_lambdas", "hc_expansion_rate",
-                     "hc_dynamic", "muddformer_param_realloc", "output_layer_init", "local_attention",
+MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_gate_impl", "value_residual_last_k", "resformer_lambdas",
+                     "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc", "output_layer_init", "local_attention",
                      "qk_norm_eps")
 
 

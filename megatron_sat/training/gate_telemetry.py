@@ -26,7 +26,7 @@ class GateTelemetry:
         self.handles = []
         for chunk in chunks:
             for module in chunk.modules():
-                if getattr(module, "mixes_v1", False) and hasattr(module, "value_residual_gate"):
+                if getattr(module, "gated", False):
                     self.handles.append(module.register_forward_hook(self._hook))
 
     @property

@@ -14,7 +14,8 @@ the GPU's (10% left for allocator fragmentation and what the estimate leaves out
 Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU):
   model states   params_stage x (2 bf16 weights + 4 fp32 grad buffer [grad_reduce_in_fp32]
                                  + 12 fp32 master/m/v, divided by DP with the distributed optimizer)
-                 params_stage: the stage's layers' linears / TP (MUDDFormer: each layer's own FFN width) + their
+                 params_stage: the stage's layers' linears / TP (MUDDFormer: each layer's own FFN width; SATFormer's
+                 fused gate: W_alpha's rows and their zero padding rows in linear_qkv, sharded with it) + their
                  norms and the baselines' connections (count_parameters' "connections", spread evenly over the
                  layers; replicated, not / TP), + the word embedding / TP on the first stage and (tied, PP > 1)
                  its copy on the last stage.
@@ -236,8 +237,8 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
     except ValueError as e:
         errors.extend(str(e).splitlines()[1:] or [str(e)])
     errors = [e.strip() for e in errors]
-    params = count_parameters(cfg, vocab)["total"]
-    flops = flops_per_token(cfg, args.seq_length, vocab)
+    params = count_parameters(cfg, vocab, tp=layout.tp)["total"]
+    flops = flops_per_token(cfg, args.seq_length, vocab, tp=layout.tp)
     plan = Plan(recipe=recipe, arch=args.arch, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, tp=layout.tp,
                 pp=layout.pp, vpp=layout.vpp, sp=layout.sp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs,
                 num_microbatches=num_micro, seq_length=args.seq_length, train_iters=args.train_iters,
@@ -277,7 +278,7 @@ def _ffn_size(cfg, layer: int) -> int:
 def _layer_params(cfg, layer: int, parts: dict) -> Tuple[float, float]:
     """(TP-sharded, replicated) parameters of global layer `layer`; parts = count_parameters(cfg, 0)."""
     L, h = cfg.num_layers, cfg.hidden_size
-    sharded = (parts["attention"] + parts["value_residual"]) / L + h * _ffn_size(cfg, layer) * (
+    sharded = (parts["attention"] + parts["value_residual"] + parts["gate_padding"]) / L + h * _ffn_size(cfg, layer) * (
         3 if cfg.gated_linear_unit else 2)
     replicated = (parts["norms"] - h + parts["connections"]) / L  # the final norm is the last stage's
     return sharded, replicated
@@ -365,7 +366,7 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
 
     full = recompute == "full"
     v1 = act * s * b * g * d / t if cfg.uses_value_residual else 0.0
-    param_parts = count_parameters(cfg, vocab_size=0)
+    param_parts = count_parameters(cfg, vocab_size=0, tp=t)
     chunk_layers = _chunk_layers(cfg.num_layers, pp * chunks)
     wire = _wire_channels(cfg, chunk_layers) * act * s * b / sp_div  # one message's extra channels
     worst = None

@@ -27,7 +27,8 @@ from megatron_sat.training.signals import StopSignal
 # resolved model fields recorded in config.json and in every checkpoint (a resume is checked against them)
 MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_norm_eps", "qk_layernorm", "gated_linear_unit",
-                "add_bias_linear", "init_method_std", "value_residual_gate", "value_residual_last_k",
+                "add_bias_linear", "init_method_std", "value_residual_gate", "value_residual_gate_impl",
+                "value_residual_last_k",
                 "resformer_lambdas", "mixing_layers", "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc",
                 "output_layer_init", "params_dtype", "sequence_parallel", "recompute_granularity")
 

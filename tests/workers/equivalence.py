@@ -71,6 +71,8 @@ VARIANTS = {
     "resformer": dict(arch="resformer"),
     "satformer": dict(arch="satformer"),
     "satformer_last2_sigmoid": dict(arch="satformer", value_residual_last_k=2, value_residual_gate="sigmoid"),
+    # a softmax over the KV heads: with the fused gate each TP rank gathers the N_kv logits of a token
+    "satformer_softmax_sigmoid": dict(arch="satformer", value_residual_gate="softmax_sigmoid"),
     "denseformer": dict(arch="denseformer"),
     "muddformer": dict(arch="muddformer"),
     "hyperconnections": dict(arch="hyperconnections"),
@@ -98,7 +100,13 @@ CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconne
 ] + [
     ("satformer_last2_sigmoid", "tp2_pp2"),
     ("satformer_last2_sigmoid", "pp2_vpp2"),
+    ("satformer_softmax_sigmoid", "tp2_sp"),
 ]
+# The one-rank reference computes SATFormer's gate as its own GEMM (value_residual_gate_impl 'separate'); the
+# layouts use the default, W_alpha's rows inside linear_qkv. So each layout also checks that the fused gate
+# computes the separate one's function, gradients and updates, and loads the separate impl's checkpoint
+# (the saved initial weights) resharded to its layout.
+REFERENCE_EXTRA = dict(value_residual_gate_impl="separate")
 # what each arch adds to the Transformer: checked to be among the compared gradients
 ARCH_PARAMS = ("value_residual", "dwa_weights", "depth_aggregate", "key_input_layernorm", "attention_hc", "mlp_hc")
 
@@ -167,31 +175,42 @@ def float64_gradients(chunks32, variant: str, layout, extra: dict, dp_rank: int,
 
 
 def full_tensors(chunks, source: str) -> dict:
-    """{global name: full tensor} of this rank's parameters ('param' or 'grad'), TP shards gathered."""
+    """{global name: full tensor} of this rank's parameters ('param' or 'grad'), TP shards gathered.
+    A fused SATFormer linear_qkv.weight comes out as the separate impl's linear_qkv.weight and
+    value_residual_gate.weight (megatron_sat.model.fused_gate), so both impls compare name by name."""
     tp_group = parallel_state.get_tensor_model_parallel_group()
     out = {}
+
+    def gather(piece, dim):
+        parts = [torch.empty_like(piece) for _ in range(tp_group.size())]
+        torch.distributed.all_gather(parts, piece.contiguous(), group=tp_group)
+        return torch.cat(parts, dim)
+
     for chunk in chunks:
         model = chunk.module
         renames = {f"decoder.layers.{i}.": f"decoder.layers.{layer.layer_number - 1}."
                    for i, layer in enumerate(model.decoder.layers)}
+        fused = {f"{n}.linear_qkv.weight": m.fused_gate_layout for n, m in model.named_modules()
+                 if getattr(m, "fused_gate_layout", None) is not None}
         for name, p in model.named_parameters():
             if getattr(p, "shared", False):
                 continue  # replicas (tied output layer, ResFormer lambdas) equal their primary
             t = (p.main_grad if source == "grad" else p).detach().clone()  # in its own dtype
+            tensors = {name: t}
+            if name in fused:  # this rank's KV groups' [q k v alpha] rows + padding -> qkv, gate
+                qkv, gate = fused[name].split_weight(t)
+                tensors = {name: qkv, name.replace("linear_qkv.weight", "value_residual_gate.weight"): gate}
             if getattr(p, "tensor_model_parallel", False) and tp_group.size() > 1:
                 dim = p.partition_dim
-                pieces = t.chunk(2, dim) if name.endswith("linear_fc1.weight") else (t,)  # SwiGLU [gate; up]
-                gathered = []
-                for piece in pieces:
-                    parts = [torch.empty_like(piece) for _ in range(tp_group.size())]
-                    torch.distributed.all_gather(parts, piece.contiguous(), group=tp_group)
-                    gathered.append(torch.cat(parts, dim))
-                t = torch.cat(gathered, dim)
-            for local, glob in renames.items():
-                if name.startswith(local):
-                    name = glob + name[len(local):]
-                    break
-            out[name] = t
+                for key, t in tensors.items():
+                    pieces = t.chunk(2, dim) if key.endswith("linear_fc1.weight") else (t,)  # SwiGLU [gate; up]
+                    tensors[key] = torch.cat([gather(piece, dim) for piece in pieces], dim)
+            for key, t in tensors.items():
+                for local, glob in renames.items():
+                    if key.startswith(local):
+                        key = glob + key[len(local):]
+                        break
+                out[key] = t
     return out
 
 
@@ -211,7 +230,7 @@ def collect(chunks, source: str):
 
 
 def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
-    layout, extra, mbs = (Layout(), {}, 1) if reference else LAYOUTS[layout_name]
+    layout, extra, mbs = (Layout(), dict(REFERENCE_EXTRA), 1) if reference else LAYOUTS[layout_name]
     world = torch.distributed.get_world_size()
     config = make_config(**VARIANTS[variant], **SIZES, **layout.config_fields(), **extra)
     dp = layout.dp(world)
