@@ -429,3 +429,33 @@ def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO))
     assert cli.returncode == 2 and "utf8.jsonl:3: not valid UTF-8" in cli.stderr and "--skip-bad" in cli.stderr
     assert open(out + ".bin", "rb").read() == before
+
+
+def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path):
+    """--train-data-path / --valid-data-path (Megatron-LM's names) instead of --data-path + --split: the run trains
+    on one dataset, validates on the other, and config.json records both."""
+    import train_cli
+
+    tiny_model = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+                  "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "3",
+                  "--eval-interval", "3", "--eval-iters", "1", "--log-interval", "1", "--no-progress-bar",
+                  "--tokenizer-model", str(workdir / "tokenizer")]
+    valid = str(workdir / "tiny")  # 4 documents, from test_preprocess_roundtrip
+    if not os.path.isfile(valid + ".idx"):
+        preprocess([write_jsonl(workdir / "tiny.jsonl", TEXTS)], str(workdir / "tokenizer"), valid, progress=False)
+    save = tmp_path / "run"
+    train_cli.train(*tiny_model, "--train-data-path", "0.7", corpus_prefix, "0.3", corpus_prefix,
+                    "--valid-data-path", valid, "--save", save)
+    config = json.load(open(save / "config.json"))
+    assert config["train_data_path"] == ["0.7", corpus_prefix, "0.3", corpus_prefix]
+    assert config["valid_data_path"] == [valid] and config["data_path"] is None
+    assert config["data"] == {"train": f"0.7 {corpus_prefix} 0.3 {corpus_prefix}", "valid": valid, "test": None}
+    rows = train_cli.rows(save)
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and any("val_loss" in r for r in rows)
+    # a validation path without a training path, or both kinds of data path: exit 2 before anything is written
+    for extra, message in ((["--valid-data-path", valid], "--valid-data-path / --test-data-path need --train-data-path"),
+                           (["--data-path", valid, "--train-data-path", valid], "give exactly one data source")):
+        proc = subprocess.run(train_cli.cmd(1, [*tiny_model, *extra, "--save", tmp_path / "bad"]), cwd=REPO,
+                              env=train_cli.env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "bad").exists()
