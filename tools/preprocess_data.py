@@ -13,6 +13,12 @@ Exact command (from the repository root)::
 This writes ``data/corpus_text_document.bin``, ``.idx`` and ``.meta.json``; pass
 ``data/corpus_text_document`` to the trainer as its data path (or in a blend).
 
+Sharded (a Slurm job array, slurm/preprocess.sbatch; one dataset per input file, finished ones skipped)::
+
+    python tools/preprocess_data.py --input shards/ --tokenizer TOK --shard-dir data/shards \
+        --task-index 0 --num-tasks 4 --workers 8        # ... for each task 0..3, then
+    python tools/merge_datasets.py --shard-dir data/shards --output-prefix data/corpus_text_document
+
 * ``--input`` takes one or more .jsonl/.json files, optionally .gz or .zst compressed (one JSON
   object per line; the document is the field named by ``--json-key``, default ``text``), .parquet
   files (``--json-key`` names the text column; read by row batches), .txt files (``--txt-mode``:
@@ -77,8 +83,15 @@ def get_args(argv=None) -> argparse.Namespace:
                    help="train a byte-level BPE on the inputs, save it to DIR, and use it")
     p.add_argument("--vocab-size", type=int, default=8192,
                    help="vocabulary size for --train-tokenizer")
-    p.add_argument("--output-prefix", required=True,
+    p.add_argument("--output-prefix", default=None,
                    help="output path prefix; writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
+    p.add_argument("--shard-dir", default=None, metavar="DIR",
+                   help="instead of --output-prefix: one dataset per input file in DIR (finished ones skipped), "
+                        "this task's group only (--task-index/--num-tasks); join them with tools/merge_datasets.py")
+    p.add_argument("--task-index", type=int, default=None,
+                   help="with --shard-dir: this task (default: the Slurm array task id - its minimum, else 0)")
+    p.add_argument("--num-tasks", type=int, default=None,
+                   help="with --shard-dir: tasks in all (default: the Slurm array task count, else 1)")
     p.add_argument("--json-key", default="text", help="jsonl field / parquet or dataset column holding the text")
     p.add_argument("--hf-split", default="train", help="split of a save_to_disk folder or hub dataset")
     p.add_argument("--skip-bad", action="store_true",
@@ -98,6 +111,15 @@ def get_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.input and not args.default_corpus:
         p.error("give --input and/or --default-corpus")
+    if (args.output_prefix is None) == (args.shard_dir is None):
+        p.error("give exactly one of --output-prefix and --shard-dir")
+    env = os.environ
+    if args.task_index is None:
+        args.task_index = int(env.get("SLURM_ARRAY_TASK_ID", 0)) - int(env.get("SLURM_ARRAY_TASK_MIN", 0))
+    if args.num_tasks is None:
+        args.num_tasks = int(env.get("SLURM_ARRAY_TASK_COUNT", 1))
+    if args.shard_dir and not 0 <= args.task_index < args.num_tasks:
+        p.error(f"--task-index {args.task_index} must be in 0..{args.num_tasks - 1} (--num-tasks {args.num_tasks})")
     if (args.tokenizer is None) == (args.train_tokenizer is None):
         p.error("give exactly one of --tokenizer and --train-tokenizer")
     if args.workers < 1:
@@ -140,10 +162,7 @@ def _main(argv=None) -> PreprocessResult:
             raise SystemExit(f"preprocess_data: error: {e}") from None
         print(f"preprocess_data: trained byte-level BPE (vocab {tokenizer.vocab_size}) in "
               f"{time.time() - t0:.1f} s -> {args.train_tokenizer}", flush=True)
-    result = preprocess(
-        inputs,
-        tokenizer,
-        args.output_prefix,
+    kwargs = dict(
         workers=args.workers,
         json_key=args.json_key,
         txt_mode=args.txt_mode,
@@ -155,6 +174,11 @@ def _main(argv=None) -> PreprocessResult:
         skip_bad=args.skip_bad,
         hf_split=args.hf_split,
     )
+    if args.shard_dir:
+        from megatron_sat.data.shards import preprocess_shards
+
+        return preprocess_shards(inputs, tokenizer, args.shard_dir, args.task_index, args.num_tasks, **kwargs)
+    result = preprocess(inputs, tokenizer, args.output_prefix, **kwargs)
     if args.quiet:
         print(result.summary(), flush=True)
     return result

@@ -130,6 +130,7 @@ def preprocess(
     eod_token: Optional[str] = None,
     skip_bad: bool = False,
     hf_split: str = "train",
+    allow_empty: bool = False,
 ) -> PreprocessResult:
     """Tokenize ``inputs`` into ``<output_prefix>.bin`` / ``<output_prefix>.idx``.
 
@@ -148,6 +149,7 @@ def preprocess(
             missing or wrong.
         skip_bad: skip (and count) bad documents and empty shards instead of stopping at the first.
         hf_split: split of a datasets folder / hub dataset.
+        allow_empty: write a dataset of no documents instead of failing (a skipped shard of a sharded run).
 
     Returns:
         PreprocessResult (documents, tokens, seconds, output prefix, ...).
@@ -238,7 +240,7 @@ def preprocess(
             pool.terminate()
             pool.join()
 
-    if num_docs == 0:
+    if num_docs == 0 and not allow_empty:
         _remove(tmp, builder)
         raise PreprocessError(
             f"{_ERR} empty input: no documents with text in {', '.join(files)}"
