@@ -14,7 +14,8 @@ Exact command (from the repository root)::
   --append-eod --workers N`, with Megatron-LM's `megatron` package (or the installed megatron-core where the
   checkout has only tools/). On Python 3.11 a sitecustomize in the work folder gives `typing.override` (3.12) to
   the Megatron-LM code that imports it; nothing else is changed.
-* Both are timed as whole commands (start-up included), on the same machine, one after the other.
+* Both are timed as whole commands (start-up included), on the same machine, alternately --repeats times; the
+  fastest run of each counts (the least disturbed by other load on a shared machine).
 Without --megatron-lm only this project's throughput is printed (with a message saying the comparison was skipped).
 Exit status 1 when the outputs differ.
 """
@@ -32,6 +33,8 @@ try:
     import megatron_sat  # noqa: F401
 except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_sat.data.tokenizer import load_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SHIM = """import typing
@@ -101,6 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: a BPE trained here)")
     p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the BPE trained here")
     p.add_argument("--work-dir", default=None, help="where input and outputs go (default: a temporary folder)")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each tool (alternated); the fastest counts")
     args = p.parse_args(argv)
     tool = None
     if args.megatron_lm:
@@ -113,26 +117,36 @@ def main(argv=None) -> int:
     num_docs = make_input(data, args.size_mb)
     tok = args.tokenizer or make_tokenizer(os.path.join(work, f"bpe{args.vocab_size}"), args.vocab_size)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    print(f"input {data}: {num_docs:,} documents, {os.path.getsize(data) / 1e6:.1f} MB; tokenizer {tok}; "
+    print(f"input {data}: {num_docs:,} documents, {os.path.getsize(data) / 1e6:.1f} MB; tokenizer {tok} "
+          f"(vocabulary {load_tokenizer(tok).vocab_size}); "
           f"{args.workers} workers", flush=True)
 
     ours = os.path.join(work, "ours")
-    t_ours = timed([sys.executable, os.path.join(REPO, "tools", "preprocess_data.py"), "--input", data,
-                    "--tokenizer", tok, "--output-prefix", ours, "--workers", str(args.workers), "--quiet"], env)
-    with open(ours + ".meta.json") as f:
-        meta = json.load(f)
-    docs, tokens = meta["num_docs"], meta["num_tokens"]
-    rows = [("megatron-sat", t_ours)]
+    ours_cmd = [sys.executable, os.path.join(REPO, "tools", "preprocess_data.py"), "--input", data,
+                "--tokenizer", tok, "--output-prefix", ours, "--workers", str(args.workers), "--quiet"]
     if tool:
         shim = os.path.join(work, "py311_shim")
         os.makedirs(shim, exist_ok=True)
         with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
             f.write(_SHIM)
-        mlm = os.path.join(work, "mlm")
         mlm_env = dict(env, PYTHONPATH=f"{shim}:{os.path.abspath(args.megatron_lm)}")
-        t_mlm = timed([sys.executable, tool, "--input", data, "--output-prefix", mlm, "--tokenizer-type",
-                       "HuggingFaceTokenizer", "--tokenizer-model", tok, "--workers", str(args.workers),
-                       "--append-eod", "--json-keys", "text", "--log-interval", "1000000"], mlm_env)
+        mlm_cmd = [sys.executable, tool, "--input", data, "--output-prefix", os.path.join(work, "mlm"),
+                   "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok, "--workers",
+                   str(args.workers), "--append-eod", "--json-keys", "text", "--log-interval", "1000000"]
+    t_ours, t_mlm = [], []
+    for _ in range(max(1, args.repeats)):
+        t_ours.append(timed(ours_cmd, env))
+        if tool:
+            t_mlm.append(timed(mlm_cmd, mlm_env))
+    with open(ours + ".meta.json") as f:
+        meta = json.load(f)
+    docs, tokens = meta["num_docs"], meta["num_tokens"]
+    print(f"runs (s): megatron-sat {', '.join(f'{t:.1f}' for t in t_ours)}"
+          + (f"; Megatron-LM {', '.join(f'{t:.1f}' for t in t_mlm)}" if tool else ""))
+    t_ours = min(t_ours)
+    rows = [("megatron-sat", t_ours)]
+    if tool:
+        t_mlm = min(t_mlm)
         rows.append(("Megatron-LM", t_mlm))
     print(f"{'tool':<14}{'seconds':>10}{'docs/s':>12}{'tokens/s':>14}")
     for name, secs in rows:

@@ -127,10 +127,12 @@ def get_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> PreprocessResult:
-    """Run the tool; a bad input exits 2 with its one-line message."""
+def main(argv=None) -> int:
+    """Run the tool: 0 when done (the console script's exit status); a bad input exits 2 with its one-line
+    message."""
     try:
-        return _main(argv)
+        _main(argv)
+        return 0
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr, flush=True)
@@ -185,4 +187,4 @@ def _main(argv=None) -> PreprocessResult:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,19 +22,21 @@ _STATE: dict = {}
 
 
 class Encoded(NamedTuple):
-    ids: numpy.ndarray       # int64 [sum(lengths)], documents back to back (bos, text ids, eod)
+    ids: numpy.ndarray       # [sum(lengths)] in the dataset's dtype, documents back to back (bos, text ids, eod)
     lengths: numpy.ndarray   # int64 [n_docs]
     num_empty: int           # documents with empty text (skipped)
     bad: List[str]           # "file:line: reason" of each bad document, in input order
 
 
-def init_worker(tokenizer, json_key: str = "text", append_eod: bool = True, add_bos: bool = False) -> None:
+def init_worker(tokenizer, json_key: str = "text", append_eod: bool = True, add_bos: bool = False,
+                dtype=numpy.int64) -> None:
+    """dtype: of the ids returned (the .bin file's, so that a chunk crosses the process boundary at its size)."""
     hf = tokenizer.hf
     backend = hf.backend_tokenizer if getattr(hf, "is_fast", False) else None
     if add_bos and tokenizer.bos is None:
         raise ValueError(f"tokenizer {tokenizer.name!r} has no bos token")
     _STATE.update(tok=tokenizer, backend=backend, key=json_key, eod=tokenizer.eod if append_eod else None,
-                  bos=tokenizer.bos if add_bos else None)
+                  bos=tokenizer.bos if add_bos else None, dtype=numpy.dtype(dtype))
 
 
 def decode_chunk(chunk, json_key: str) -> Tuple[List[str], List[str]]:
@@ -96,7 +98,7 @@ def encode_chunk(chunk) -> Encoded:
         docs = [d for d in docs if d]
         num_empty = len(texts) - len(docs)
     lengths = numpy.fromiter((len(d) for d in docs), dtype=numpy.int64, count=len(docs))
-    ids = numpy.fromiter(chain.from_iterable(docs), dtype=numpy.int64, count=int(lengths.sum()))
+    ids = numpy.fromiter(chain.from_iterable(docs), dtype=_STATE["dtype"], count=int(lengths.sum()))
     return Encoded(ids, lengths, num_empty, bad)
 
 

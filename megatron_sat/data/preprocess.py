@@ -30,7 +30,7 @@ from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy
 
-from megatron_sat.data import encode
+from megatron_sat.data.encode import encode_chunk, init_worker
 from megatron_sat.data.readers import InputError, expand_inputs, iter_chunks, source_size
 from megatron_sat.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -161,7 +161,7 @@ def preprocess(
         raise PreprocessError(f"{_ERR} {e}") from None
     try:
         tok = load_tokenizer(tokenizer, eod_token=eod_token)
-        encode.init_worker(tok, json_key, append_eod, add_bos)
+        init_worker(tok, json_key, append_eod, add_bos)
     except (OSError, ValueError) as e:
         raise PreprocessError(f"{_ERR} cannot load tokenizer: {e}") from None
     if chunksize < 1:
@@ -175,6 +175,7 @@ def preprocess(
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     dtype = DType.optimal_dtype(tok.vocab_size)
+    init_worker(tok, json_key, append_eod, add_bos, dtype)
     tmp = f"{prefix}.tmp{os.getpid()}"
     sizes = [source_size(f) for f in files]
     total = None if None in sizes else sum(sizes)
@@ -201,15 +202,15 @@ def preprocess(
             saved = os.environ.get("TOKENIZERS_PARALLELISM")
             os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one Rust thread per worker process: --workers = cores
             try:
-                pool = multiprocessing.Pool(workers, initializer=encode.init_worker,
-                                            initargs=(tok, json_key, append_eod, add_bos))
+                pool = multiprocessing.Pool(workers, initializer=init_worker,
+                                            initargs=(tok, json_key, append_eod, add_bos, dtype))
             finally:
                 if saved is None:
                     os.environ.pop("TOKENIZERS_PARALLELISM", None)
                 else:
                     os.environ["TOKENIZERS_PARALLELISM"] = saved
         done_before, last_source = 0, None
-        for chunk, enc in _in_order(encode.encode_chunk, chunks(), pool, window=3 * workers):
+        for chunk, enc in _in_order(encode_chunk, chunks(), pool, window=3 * workers):
             if enc.bad:
                 if not skip_bad:
                     raise InputError(f"{enc.bad[0]} (or pass --skip-bad to skip bad documents)")
