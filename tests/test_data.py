@@ -374,10 +374,12 @@ def test_hub_cache_dataset_through_the_cli(tmp_path, workdir, reference):
     assert ok.returncode == 0, ok.stderr
     assert _same(str(tmp_path / "hub_out"), ref)
     assert "docs/s" in ok.stdout and "MB/s" in ok.stdout  # the summary line
-    missing = subprocess.run(base + ["--input", "someone/not-cached", "--output-prefix", str(tmp_path / "x")],
-                             capture_output=True, text=True, env=env)
-    assert missing.returncode == 2
-    assert "someone/not-cached" in missing.stderr and "offline" in missing.stderr, missing.stderr
+
+
+def test_uncached_hub_dataset_offline_is_refused(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=r"someone/not-cached-anywhere is neither a local path nor .*offline"):
+        preprocess(["someone/not-cached-anywhere"], tokenizer, str(tmp_path / "x"), progress=False)
 
 
 def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
@@ -431,7 +433,7 @@ def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
     assert open(out + ".bin", "rb").read() == before
 
 
-def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path):
+def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, capsys):
     """--train-data-path / --valid-data-path (Megatron-LM's names) instead of --data-path + --split: the run trains
     on one dataset, validates on the other, and config.json records both."""
     import train_cli
@@ -452,13 +454,17 @@ def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path):
     assert config["data"] == {"train": f"0.7 {corpus_prefix} 0.3 {corpus_prefix}", "valid": valid, "test": None}
     rows = train_cli.rows(save)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and any("val_loss" in r for r in rows)
-    # a validation path without a training path, or both kinds of data path: exit 2 before anything is written
+    # a validation path without a training path, or both kinds of data path: refused by the argument checks (the
+    # trainer prints them and exits 2 before anything is written)
+    from megatron_sat.training.arguments import parse_args
+
     for extra, message in ((["--valid-data-path", valid], "--valid-data-path / --test-data-path need --train-data-path"),
-                           (["--data-path", valid, "--train-data-path", valid], "give exactly one data source")):
-        proc = subprocess.run(train_cli.cmd(1, [*tiny_model, *extra, "--save", tmp_path / "bad"]), cwd=REPO,
-                              env=train_cli.env(), capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert not (tmp_path / "bad").exists()
+                           (["--data-path", valid, "--train-data-path", valid], "give exactly one data source"),
+                           (["--train-data-path", valid + "_nope"], "--train-data-path: no indexed dataset")):
+        with pytest.raises(SystemExit) as e:
+            parse_args([*tiny_model, *extra, "--save", str(tmp_path / "bad")])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_benchmark_tool_without_megatron_lm(workdir, tmp_path):

@@ -179,13 +179,20 @@ def test_profile_sbatch(cluster, site):
 def test_preprocess_array_and_merge(cluster, site, tmp_path):
     """slurm/preprocess.sbatch as a 2-task array over 4 FineWeb-style shards (3 parquet, 1 jsonl.gz): one dataset
     per shard; tools/merge_datasets.py joins them into the bytes of one-process preprocessing; an unfinished shard
-    stops the merge (exit 2, named) and a rerun of its task redoes only that shard."""
+    stops the merge (named) and a rerun of its task redoes only that shard."""
     import gzip
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from megatron_sat.data import default_corpus_documents, preprocess, train_bpe_tokenizer
+    from megatron_sat.data import (
+        default_corpus_documents,
+        merge_datasets,
+        preprocess,
+        preprocess_shards,
+        shard_prefixes,
+        train_bpe_tokenizer,
+    )
 
     texts = [t for _, t in default_corpus_documents(("topics",))[:24]]
     src = tmp_path / "fineweb" / "data" / "CC-MAIN-2024-10"
@@ -212,25 +219,23 @@ def test_preprocess_array_and_merge(cluster, site, tmp_path):
     tool = [sys.executable, os.path.join(ROOT, "tools", "merge_datasets.py"), "--shard-dir", shards]
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 
-    def merge(*extra):
-        return subprocess.run(tool + list(extra), capture_output=True, text=True, env=env, timeout=300)
-
-    ok = merge("--output-prefix", str(tmp_path / "merged"), "--blend-file", str(tmp_path / "blend.txt"))
+    ok = subprocess.run(tool + ["--output-prefix", str(tmp_path / "merged"), "--blend-file", str(tmp_path / "blend.txt")],
+                        capture_output=True, text=True, env=env, timeout=300)
     assert ok.returncode == 0, ok.stderr
     for ext in (".bin", ".idx"):
         assert open(single + ext, "rb").read() == open(str(tmp_path / "merged") + ext, "rb").read(), ext
     blend = open(tmp_path / "blend.txt").read().split()
     assert blend[1::2] == [os.path.join(shards, n) for n in names] and all(int(w) > 0 for w in blend[0::2])
-    # shard 1 unfinished (its .meta.json is written last): the merge refuses; task 0 rerun redoes only it
+    # shard 1 unfinished (its .meta.json is written last): the merge refuses naming it; task 0 rerun (what a
+    # requeue or a resubmission of the array runs) redoes only that shard
     os.remove(os.path.join(shards, names[1] + ".meta.json"))
-    bad = merge("--output-prefix", str(tmp_path / "merged2"))
-    assert bad.returncode == 2 and "1 of 4 shards" in bad.stderr and names[1] in bad.stderr, bad.stderr
+    with pytest.raises(SystemExit, match=rf"1 of 4 shards in \S+ are not finished \({names[1]}\)"):
+        shard_prefixes(shards)
     before = os.path.getmtime(os.path.join(shards, names[0] + ".bin"))
-    rerun = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "preprocess_data.py"), "--input",
-                            str(tmp_path / "fineweb"), "--tokenizer", tok, "--shard-dir", shards, "--task-index", "0",
-                            "--num-tasks", "2", "--workers", "1", "--quiet"], capture_output=True, text=True, env=env)
-    assert rerun.returncode == 0, rerun.stderr
-    assert f"{names[0]} already done, skipped" in rerun.stdout and names[1] in rerun.stdout
+    said = []
+    preprocess_shards([str(tmp_path / "fineweb")], tok, shards, task=0, num_tasks=2, progress=False,
+                      log=lambda *a, **k: said.append(" ".join(map(str, a))))
+    assert f"preprocess_data: {names[0]} already done, skipped" in said and names[1] in said[-1], said
     assert os.path.getmtime(os.path.join(shards, names[0] + ".bin")) == before
-    assert merge("--output-prefix", str(tmp_path / "merged2")).returncode == 0
+    merge_datasets(shard_prefixes(shards), str(tmp_path / "merged2"))
     assert open(single + ".bin", "rb").read() == open(str(tmp_path / "merged2") + ".bin", "rb").read()
