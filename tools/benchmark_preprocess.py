@@ -14,8 +14,9 @@ Exact command (from the repository root)::
   --append-eod --workers N`, with Megatron-LM's `megatron` package (or the installed megatron-core where the
   checkout has only tools/). On Python 3.11 a sitecustomize in the work folder gives `typing.override` (3.12) to
   the Megatron-LM code that imports it; nothing else is changed.
-* Both are timed as whole commands (start-up included), on the same machine, alternately --repeats times; the
-  fastest run of each counts (the least disturbed by other load on a shared machine).
+* Both are timed as whole commands (start-up included), on the same machine, alternately --repeats times: wall
+  time (fastest and median) and the CPU seconds of all their processes (median; the least disturbed by other
+  load on a shared machine: throughput per core).
 Without --megatron-lm only this project's throughput is printed (with a message saying the comparison was skipped).
 Exit status 1 when the outputs differ.
 """
@@ -24,6 +25,8 @@ import argparse
 import json
 import os
 import random
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,14 +76,17 @@ def make_tokenizer(folder: str, vocab_size: int) -> str:
     return folder
 
 
-def timed(cmd, env=None) -> float:
+def timed(cmd, env=None) -> tuple:
+    """(wall seconds, CPU seconds of the command and all its processes: user + system, worker pools included)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark_preprocess: error: {' '.join(cmd[:2])} failed ({proc.returncode}):\n"
                          f"{proc.stderr[-3000:]}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def same_bytes(a: str, b: str) -> bool:
@@ -141,21 +147,23 @@ def main(argv=None) -> int:
     with open(ours + ".meta.json") as f:
         meta = json.load(f)
     docs, tokens = meta["num_docs"], meta["num_tokens"]
-    print(f"runs (s): megatron-sat {', '.join(f'{t:.1f}' for t in t_ours)}"
-          + (f"; Megatron-LM {', '.join(f'{t:.1f}' for t in t_mlm)}" if tool else ""))
-    t_ours = min(t_ours)
-    rows = [("megatron-sat", t_ours)]
-    if tool:
-        t_mlm = min(t_mlm)
-        rows.append(("Megatron-LM", t_mlm))
-    print(f"{'tool':<14}{'seconds':>10}{'docs/s':>12}{'tokens/s':>14}")
-    for name, secs in rows:
-        print(f"{name:<14}{secs:>10.2f}{docs / secs:>12,.0f}{tokens / secs:>14,.0f}")
+    print(f"runs (wall s): megatron-sat {', '.join(f'{w:.1f}' for w, _ in t_ours)}"
+          + (f"; Megatron-LM {', '.join(f'{w:.1f}' for w, _ in t_mlm)}" if tool else ""))
+    print(f"{'tool':<14}{'wall s min':>11}{'median':>8}{'docs/s':>10}{'tokens/s':>12}{'CPU s':>8}{'tokens/CPU s':>14}")
+    rows = {"megatron-sat": t_ours, **({"Megatron-LM": t_mlm} if tool else {})}
+    best = {}
+    for name, runs in rows.items():
+        wall, cpu = min(w for w, _ in runs), statistics.median(c for _, c in runs)
+        best[name] = (wall, statistics.median(w for w, _ in runs), cpu)
+        print(f"{name:<14}{wall:>11.2f}{best[name][1]:>8.2f}{docs / wall:>10,.0f}{tokens / wall:>12,.0f}{cpu:>8.1f}"
+              f"{tokens / cpu:>14,.0f}")
     if not tool:
         print("Megatron-LM comparison skipped: pass --megatron-lm PATH (a Megatron-LM checkout)")
         return 0
+    (w0, m0, c0), (w1, m1, c1) = best["megatron-sat"], best["Megatron-LM"]
     identical = same_bytes(ours, os.path.join(work, "mlm_text_document"))
-    print(f"speed-up {t_mlm / t_ours:.2f}x ({args.workers} workers each, {docs:,} documents, {tokens:,} tokens); "
+    print(f"speed-up {w1 / w0:.2f}x (fastest wall times), {m1 / m0:.2f}x (median wall times), {c1 / c0:.2f}x (median "
+          f"CPU seconds); {args.workers} workers each, {docs:,} documents, {tokens:,} tokens; "
           f".bin/.idx {'identical' if identical else 'DIFFER'}")
     return 0 if identical else 1
 
