@@ -340,6 +340,9 @@ def test_every_format_gives_the_jsonl_bytes(tmp_path, tokenizer, reference):
     _write_parquet(tmp_path / "pq" / "part-1.parquet", docs[half:], column="content")
     saved = str(tmp_path / "saved")
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(saved)
+    saved_dict = str(tmp_path / "saved_dict")  # a DatasetDict: --hf-split picks the split
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:3]}),
+                          "validation": datasets.Dataset.from_dict({"text": docs})}).save_to_disk(saved_dict)
     mixed = tmp_path / "mixed" / "sub"  # a folder mixing formats, searched recursively, sorted
     mixed.mkdir(parents=True)
     _write_compressed(mixed / "a.jsonl.zst", docs[:half])
@@ -348,11 +351,16 @@ def test_every_format_gives_the_jsonl_bytes(tmp_path, tokenizer, reference):
         ([gz], {}, 1), ([zst], {"chunksize": 3}, 2),
         ([str(tmp_path / "pq" / "*.parquet")], {"json_key": "content", "chunksize": 5}, 3),
         ([saved], {"chunksize": 4}, 2), ([str(tmp_path / "mixed")], {}, 2),
+        ([saved_dict], {"hf_split": "validation"}, 1),
     ]
     for inputs, kw, workers in cases:
         res = preprocess(inputs, tokenizer, out, workers=workers, progress=False, **kw)
         assert _same(out, ref), (inputs, kw, workers)
         assert res.num_docs == len([d for d in docs if d]) and res.num_skipped == len(docs) - res.num_docs
+    assert json.load(open(out + ".meta.json"))["inputs"] == [saved_dict]
+    with pytest.raises(SystemExit, match=r"saved_dict: no split 'test' \(splits: train, validation\): pass --hf-split"):
+        preprocess([saved_dict], tokenizer, out + "_x", hf_split="test", progress=False)
+    preprocess([str(tmp_path / "mixed")], tokenizer, out, progress=False)
     assert json.load(open(out + ".meta.json"))["inputs"] == [str(mixed / "a.jsonl.zst"), str(mixed / "b.parquet")]
 
 
