@@ -26,7 +26,7 @@ import gzip
 import io
 import os
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import Iterator, List, Optional, Sequence
 
@@ -62,7 +62,6 @@ class Chunk:
     where: Optional[List[int]] = None
     unit: str = "line"
     done_bytes: int = 0                 # on-disk bytes of `source` read so far (progress)
-    extra: dict = field(default_factory=dict)
 
     def location(self, i: int) -> str:
         n = self.where[i] if self.where is not None else self.first + i
@@ -81,12 +80,17 @@ def is_saved_dataset(path: str) -> bool:
         or (os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json"))))
 
 
-def _readable_file(path: str) -> bool:
+def _supported(path: str) -> bool:
+    """A file suffix this module reads."""
     name = os.path.basename(path)
-    if name.endswith(_META_JSON) or name.startswith("."):
-        return False
     base = name[: -len(next(c for c in COMPRESSED if name.endswith(c)))] if name.endswith(COMPRESSED) else name
     return base.endswith(JSONL_SUFFIXES) or (base == name and base.endswith(TEXT_SUFFIXES + PARQUET_SUFFIXES))
+
+
+def _readable_file(path: str) -> bool:
+    """A file of a folder taken as input: supported, not hidden, not metadata."""
+    name = os.path.basename(path)
+    return _supported(path) and not name.endswith(_META_JSON) and not name.startswith(".")
 
 
 def _folder_files(folder: str) -> List[str]:
@@ -106,7 +110,8 @@ def _looks_like_hub_name(p: str) -> bool:
     if p.startswith(HUB_PREFIX):
         return True
     parts = p.split("/")
-    return len(parts) == 2 and all(parts) and not p.startswith((".", "~", os.sep)) and not glob.has_magic(p)
+    return (len(parts) == 2 and all(parts) and not p.startswith((".", "~", os.sep)) and not glob.has_magic(p)
+            and not _supported(p))
 
 
 def resolve_hub_dataset(name: str) -> str:
@@ -172,7 +177,7 @@ def expand_inputs(inputs: Sequence[str] | str) -> List[str]:
             if not found:
                 raise ValueError(f"input folder {p} holds no .jsonl/.json(.gz/.zst), .parquet or .txt files")
             files += found
-        elif _readable_file(p) or p.endswith(_META_JSON):
+        elif _supported(p):
             files.append(p)
         else:
             raise ValueError(
@@ -385,7 +390,11 @@ def _saved_dataset_chunks(path: str, key: str, split: str, chunk_rows: int) -> I
 def _hub_stream_chunks(name: str, key: str, split: str, chunk_rows: int) -> Iterator[Chunk]:
     import datasets
 
-    ds = _pick_split(datasets.load_dataset(name, split=split, streaming=True), name, split)
+    try:
+        ds = datasets.load_dataset(name, split=split, streaming=True)
+    except Exception as e:  # noqa: BLE001 (not on the hub, gated, no such split, ...)
+        raise InputError(f"{name}: cannot stream it from the Hugging Face hub ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
     if ds.column_names is not None and key not in ds.column_names:
         raise InputError(f"{name}: no column {key!r} (columns: {', '.join(ds.column_names)}): pass --json-key COLUMN")
     row = 0
