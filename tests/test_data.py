@@ -475,13 +475,15 @@ def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, c
     assert not (tmp_path / "bad").exists()
 
 
-def test_benchmark_tool_without_megatron_lm(workdir, tmp_path):
+def test_benchmark_tool_without_megatron_lm(workdir, tokenizer, tmp_path, capsys):
     """tools/benchmark_preprocess.py runs this project's side and says the comparison was skipped."""
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "benchmark_preprocess.py"), "--size-mb", "0.2",
-                           "--workers", "2", "--repeats", "1", "--tokenizer", str(workdir / "tokenizer"),
-                           "--work-dir", str(tmp_path)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO))
-    assert proc.returncode == 0, proc.stderr
-    assert "Megatron-LM comparison skipped: pass --megatron-lm PATH" in proc.stdout
-    row = next(line for line in proc.stdout.splitlines() if line.startswith("megatron-sat"))
+    import runpy
+
+    bench = runpy.run_path(os.path.join(REPO, "tools", "benchmark_preprocess.py"), run_name="benchmark_preprocess")
+    assert bench["main"](["--size-mb", "0.2", "--workers", "2", "--repeats", "1", "--tokenizer",
+                          str(workdir / "tokenizer"), "--work-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Megatron-LM comparison skipped: pass --megatron-lm PATH" in out
+    row = next(line for line in out.splitlines() if line.startswith("megatron-sat"))
     assert float(row.split()[3].replace(",", "")) > 0  # docs/s
     assert os.path.getsize(tmp_path / "ours.bin") > 0
