@@ -275,3 +275,215 @@ def test_mock_mode():
     assert batch["tokens"].shape == (2, 128) and int(batch["tokens"].max()) < 512
     assert batch["attention_mask"] is None
     assert numpy.array_equal(batch["tokens"][:, 1:].numpy(), batch["labels"][:, :-1].numpy())
+
+
+# -- input formats, workers, bad input (issue 15) ------------------------------------------
+
+
+def _docs():
+    """Documents with unicode, code, blank ones; enough for several chunks and parquet row groups."""
+    base = [t for _, t in default_corpus_documents(("topics",))[:25]]
+    return [t for pair in zip(base, TEXTS * 5) for t in pair]
+
+
+def _same(prefix_a, prefix_b):
+    for ext in (".bin", ".idx"):
+        with open(prefix_a + ext, "rb") as fa, open(prefix_b + ext, "rb") as fb:
+            if fa.read() != fb.read():
+                return False
+    return True
+
+
+def _write_parquet(path, texts, column="text", row_group_size=7):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({column: texts, "id": list(range(len(texts)))}), str(path),
+                   row_group_size=row_group_size)
+    return str(path)
+
+
+def _write_compressed(path, texts, key="text"):
+    data = "".join(json.dumps({key: t}) + "\n" for t in texts).encode()
+    if str(path).endswith(".gz"):
+        import gzip
+
+        data = gzip.compress(data)
+    else:
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(workdir, tokenizer):
+    """The documents as plain jsonl, preprocessed by one process: what every format must reproduce."""
+    docs = _docs()
+    prefix = str(workdir / "ref_fmt")
+    preprocess([write_jsonl(workdir / "ref_fmt.jsonl", docs)], tokenizer, prefix, workers=1, progress=False)
+    return docs, prefix
+
+
+def test_every_format_gives_the_jsonl_bytes(tmp_path, tokenizer, reference):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("zstandard")
+    datasets = pytest.importorskip("datasets")
+    docs, ref = reference
+    half = len(docs) // 2
+    out = str(tmp_path / "out")
+    gz = _write_compressed(tmp_path / "docs.jsonl.gz", docs)
+    zst = _write_compressed(tmp_path / "docs.jsonl.zst", docs)
+    (tmp_path / "pq").mkdir()
+    _write_parquet(tmp_path / "pq" / "part-0.parquet", docs[:half], column="content")
+    _write_parquet(tmp_path / "pq" / "part-1.parquet", docs[half:], column="content")
+    saved = str(tmp_path / "saved")
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(saved)
+    saved_dict = str(tmp_path / "saved_dict")  # a DatasetDict: --hf-split picks the split
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:3]}),
+                          "validation": datasets.Dataset.from_dict({"text": docs})}).save_to_disk(saved_dict)
+    mixed = tmp_path / "mixed" / "sub"  # a folder mixing formats, searched recursively, sorted
+    mixed.mkdir(parents=True)
+    _write_compressed(mixed / "a.jsonl.zst", docs[:half])
+    _write_parquet(mixed / "b.parquet", docs[half:])
+    cases = [
+        ([gz], {}, 1), ([zst], {"chunksize": 3}, 2),
+        ([str(tmp_path / "pq" / "*.parquet")], {"json_key": "content", "chunksize": 5}, 3),
+        ([saved], {"chunksize": 4}, 2), ([str(tmp_path / "mixed")], {}, 2),
+        ([saved_dict], {"hf_split": "validation"}, 1),
+    ]
+    for inputs, kw, workers in cases:
+        res = preprocess(inputs, tokenizer, out, workers=workers, progress=False, **kw)
+        assert _same(out, ref), (inputs, kw, workers)
+        assert res.num_docs == len([d for d in docs if d]) and res.num_skipped == len(docs) - res.num_docs
+    assert json.load(open(out + ".meta.json"))["inputs"] == [saved_dict]
+    with pytest.raises(SystemExit, match=r"saved_dict: no split 'test' \(splits: train, validation\): pass --hf-split"):
+        preprocess([saved_dict], tokenizer, out + "_x", hf_split="test", progress=False)
+    preprocess([str(tmp_path / "mixed")], tokenizer, out, progress=False)
+    assert json.load(open(out + ".meta.json"))["inputs"] == [str(mixed / "a.jsonl.zst"), str(mixed / "b.parquet")]
+
+
+def test_hub_cache_dataset_through_the_cli(tmp_path, workdir, reference):
+    """A hub dataset name resolves to its snapshot in the local hub cache, offline; 2 workers, same bytes."""
+    pytest.importorskip("pyarrow")
+    docs, ref = reference
+    hub, sha = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567"
+    repo = hub / "datasets--someone--tiny-corpus"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(sha)
+    (repo / "snapshots" / sha / "data").mkdir(parents=True)
+    _write_parquet(repo / "snapshots" / sha / "data" / "train-00000-of-00001.parquet", docs, row_group_size=11)
+    env = dict(os.environ, HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
+    tool = os.path.join(REPO, "tools", "preprocess_data.py")
+    base = [sys.executable, tool, "--tokenizer", str(workdir / "tokenizer"), "--workers", "2"]
+    ok = subprocess.run(base + ["--input", "someone/tiny-corpus", "--output-prefix", str(tmp_path / "hub_out")],
+                        capture_output=True, text=True, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert _same(str(tmp_path / "hub_out"), ref)
+    assert "docs/s" in ok.stdout and "MB/s" in ok.stdout  # the summary line
+
+
+def test_uncached_hub_dataset_offline_is_refused(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=r"someone/not-cached-anywhere is neither a local path nor .*offline"):
+        preprocess(["someone/not-cached-anywhere"], tokenizer, str(tmp_path / "x"), progress=False)
+
+
+def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("zstandard")
+    out = str(tmp_path / "out")
+    good = write_jsonl(tmp_path / "good.jsonl", ["one", "two"])
+    corrupt_pq = tmp_path / "corrupt.parquet"
+    corrupt_pq.write_bytes(b"PAR1 this is not parquet")
+    gz = _write_compressed(tmp_path / "cut.jsonl.gz", ["x" * 5000] * 20)
+    with open(gz, "r+b") as f:
+        f.truncate(os.path.getsize(gz) // 2)
+    zst = tmp_path / "bad.jsonl.zst"
+    zst.write_bytes(b"\x28\xb5\x2f\xfd garbage garbage")
+    utf8 = tmp_path / "utf8.jsonl"
+    utf8.write_bytes(b'{"text": "fine"}\n\n{"text": "bad \xff byte"}\n{"text": "ok"}\n')
+    pq_bin = tmp_path / "bin.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array([b"ok", b"bad \xfe", b"ok too"], pa.binary())}), str(pq_bin))
+    empty_pq = _write_parquet(tmp_path / "empty.parquet", [])
+    empty_gz = _write_compressed(tmp_path / "empty.jsonl.gz", [])
+    cases = [
+        ([str(corrupt_pq)], r"corrupt.parquet: not a readable parquet file"),
+        ([gz], r"cut.jsonl.gz: corrupt or truncated gzip data after line \d+"),
+        ([str(zst)], r"bad.jsonl.zst: corrupt or truncated zstd data after line 0"),
+        ([_write_parquet(tmp_path / "col.parquet", ["a"], column="body")],
+         r"col.parquet: no column 'text' \(columns: body, id\)"),
+        ([good, str(utf8)], r"utf8.jsonl:3: not valid UTF-8"),
+        ([str(pq_bin)], r"bin.parquet: row 1: not valid UTF-8"),
+        ([good, empty_pq], r"empty input: no documents in .*empty.parquet \(an empty shard\)"),
+        ([empty_gz], r"empty input: no documents in .*empty.jsonl.gz"),
+    ]
+    for inputs, pattern in cases:
+        with pytest.raises(SystemExit, match=pattern):
+            preprocess(inputs, tokenizer, out, workers=1, chunksize=2, progress=False)
+        assert _no_output(out), inputs  # nothing half-written, no temporary left
+    # --skip-bad: bad documents and empty shards are counted and skipped; the rest is written
+    res = preprocess([good, str(utf8), str(pq_bin), empty_pq], tokenizer, out, workers=2, chunksize=2, skip_bad=True,
+                     progress=False)
+    assert (res.num_docs, res.num_bad, res.bad_shards) == (6, 2, [empty_pq])
+    assert "2 bad documents and 1 empty shards skipped" in res.summary()
+    assert json.load(open(out + ".meta.json"))["first_bad"].endswith("utf8.jsonl:3: not valid UTF-8")
+    # the command exits 2 with the message, and an earlier dataset under the prefix is left as it was
+    before = open(out + ".bin", "rb").read()
+    cli = subprocess.run([sys.executable, os.path.join(REPO, "tools", "preprocess_data.py"), "--input", str(utf8),
+                          "--tokenizer", tokenizer.name, "--output-prefix", out, "--workers", "1"],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO))
+    assert cli.returncode == 2 and "utf8.jsonl:3: not valid UTF-8" in cli.stderr and "--skip-bad" in cli.stderr
+    assert open(out + ".bin", "rb").read() == before
+
+
+def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, capsys):
+    """--train-data-path / --valid-data-path (Megatron-LM's names) instead of --data-path + --split: the run trains
+    on one dataset, validates on the other, and config.json records both."""
+    import train_cli
+
+    tiny_model = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+                  "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "3",
+                  "--eval-interval", "3", "--eval-iters", "1", "--log-interval", "1", "--no-progress-bar",
+                  "--tokenizer-model", str(workdir / "tokenizer")]
+    valid = str(workdir / "tiny")  # 4 documents, from test_preprocess_roundtrip
+    if not os.path.isfile(valid + ".idx"):
+        preprocess([write_jsonl(workdir / "tiny.jsonl", TEXTS)], str(workdir / "tokenizer"), valid, progress=False)
+    save = tmp_path / "run"
+    train_cli.train(*tiny_model, "--train-data-path", "0.7", corpus_prefix, "0.3", corpus_prefix,
+                    "--valid-data-path", valid, "--save", save)
+    config = json.load(open(save / "config.json"))
+    assert config["train_data_path"] == ["0.7", corpus_prefix, "0.3", corpus_prefix]
+    assert config["valid_data_path"] == [valid] and config["data_path"] is None
+    assert config["data"] == {"train": f"0.7 {corpus_prefix} 0.3 {corpus_prefix}", "valid": valid, "test": None}
+    rows = train_cli.rows(save)
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and any("val_loss" in r for r in rows)
+    # a validation path without a training path, or both kinds of data path: refused by the argument checks (the
+    # trainer prints them and exits 2 before anything is written)
+    from megatron_sat.training.arguments import parse_args
+
+    for extra, message in ((["--valid-data-path", valid], "--valid-data-path / --test-data-path need --train-data-path"),
+                           (["--data-path", valid, "--train-data-path", valid], "give exactly one data source"),
+                           (["--train-data-path", valid + "_nope"], "--train-data-path: no indexed dataset")):
+        with pytest.raises(SystemExit) as e:
+            parse_args([*tiny_model, *extra, "--save", str(tmp_path / "bad")])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_benchmark_tool_without_megatron_lm(workdir, tokenizer, tmp_path, capsys):
+    """tools/benchmark_preprocess.py runs this project's side and says the comparison was skipped."""
+    import runpy
+
+    bench = runpy.run_path(os.path.join(REPO, "tools", "benchmark_preprocess.py"), run_name="benchmark_preprocess")
+    assert bench["main"](["--size-mb", "0.2", "--workers", "2", "--repeats", "1", "--tokenizer",
+                          str(workdir / "tokenizer"), "--work-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Megatron-LM comparison skipped: pass --megatron-lm PATH" in out
+    row = next(line for line in out.splitlines() if line.startswith("megatron-sat"))
+    assert float(row.split()[3].replace(",", "")) > 0  # docs/s
+    assert os.path.getsize(tmp_path / "ours.bin") > 0

@@ -174,3 +174,68 @@ def test_profile_sbatch(cluster, site):
     assert state == "COMPLETED", log
     result = json.load(open(os.path.join(site["runs"], "profile", f"debug_satformer-{job}", "throughput.json")))
     assert "satformer" in json.dumps(result) and "transformer" in json.dumps(result)
+
+
+def test_preprocess_array_and_merge(cluster, site, tmp_path):
+    """slurm/preprocess.sbatch as a 2-task array over 4 FineWeb-style shards (3 parquet, 1 jsonl.gz): one dataset
+    per shard; tools/merge_datasets.py joins them into the bytes of one-process preprocessing; an unfinished shard
+    stops the merge (named) and a rerun of its task redoes only that shard."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megatron_sat.data import (
+        default_corpus_documents,
+        merge_datasets,
+        preprocess,
+        preprocess_shards,
+        shard_prefixes,
+        train_bpe_tokenizer,
+    )
+
+    texts = [t for _, t in default_corpus_documents(("topics",))[:24]]
+    src = tmp_path / "fineweb" / "data" / "CC-MAIN-2024-10"
+    src.mkdir(parents=True)
+    for i in range(3):
+        pq.write_table(pa.table({"text": texts[6 * i:6 * i + 6], "url": [f"u{j}" for j in range(6)]}),
+                       str(src / f"00{i}_00000.parquet"), row_group_size=4)
+    (src / "003_00000.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n"
+                                                                   for t in texts[18:]).encode()))
+    tok = str(tmp_path / "tok")
+    train_bpe_tokenizer([str(src / "000_00000.parquet")], 300, tok)
+    shards = str(tmp_path / "shards")
+    job = cluster.sbatch(["--array=0-1", "--cpus-per-task=1", "--time=15", f"--output={site['logs']}/%x-%A_%a.out",
+                          "slurm/preprocess.sbatch", shards, "--input", str(tmp_path / "fineweb"), "--tokenizer", tok],
+                         cwd=ROOT, env=site["env"])
+    state = cluster.wait(job, timeout=600)
+    logs = "\n".join(read(f"{site['logs']}/msat-preprocess-{job}_{i}.out") for i in (0, 1))
+    assert state == "COMPLETED" and len(cluster.states(job)) == 2, logs
+    assert "task 0 of 2: inputs 0..1 of 4" in logs and "task 1 of 2: inputs 2..3 of 4" in logs, logs
+    names = json.load(open(os.path.join(shards, "shards.json")))["shards"]
+    assert names == ["00000_000_00000", "00001_001_00000", "00002_002_00000", "00003_003_00000"]
+    single = str(tmp_path / "single")
+    preprocess([str(src)], tok, single, progress=False)
+    tool = [sys.executable, os.path.join(ROOT, "tools", "merge_datasets.py"), "--shard-dir", shards]
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+
+    ok = subprocess.run(tool + ["--output-prefix", str(tmp_path / "merged"), "--blend-file", str(tmp_path / "blend.txt")],
+                        capture_output=True, text=True, env=env, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    for ext in (".bin", ".idx"):
+        assert open(single + ext, "rb").read() == open(str(tmp_path / "merged") + ext, "rb").read(), ext
+    blend = open(tmp_path / "blend.txt").read().split()
+    assert blend[1::2] == [os.path.join(shards, n) for n in names] and all(int(w) > 0 for w in blend[0::2])
+    # shard 1 unfinished (its .meta.json is written last): the merge refuses naming it; task 0 rerun (what a
+    # requeue or a resubmission of the array runs) redoes only that shard
+    os.remove(os.path.join(shards, names[1] + ".meta.json"))
+    with pytest.raises(SystemExit, match=rf"1 of 4 shards in \S+ are not finished \({names[1]}\)"):
+        shard_prefixes(shards)
+    before = os.path.getmtime(os.path.join(shards, names[0] + ".bin"))
+    said = []
+    preprocess_shards([str(tmp_path / "fineweb")], tok, shards, task=0, num_tasks=2, progress=False,
+                      log=lambda *a, **k: said.append(" ".join(map(str, a))))
+    assert f"preprocess_data: {names[0]} already done, skipped" in said and names[1] in said[-1], said
+    assert os.path.getmtime(os.path.join(shards, names[0] + ".bin")) == before
+    merge_datasets(shard_prefixes(shards), str(tmp_path / "merged2"))
+    assert open(single + ".bin", "rb").read() == open(str(tmp_path / "merged2") + ".bin", "rb").read()

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Tokenize jsonl / text files into a Megatron indexed dataset (.bin + .idx) for megatron-sat.
+"""Tokenize a corpus (jsonl, .jsonl.gz/.zst, parquet, txt, Hugging Face datasets) into a Megatron indexed dataset
+(.bin + .idx) for megatron-sat.
 
 Exact command (from the repository root)::
 
@@ -12,9 +13,21 @@ Exact command (from the repository root)::
 This writes ``data/corpus_text_document.bin``, ``.idx`` and ``.meta.json``; pass
 ``data/corpus_text_document`` to the trainer as its data path (or in a blend).
 
-* ``--input`` takes one or more .jsonl/.json files (one JSON object per line; the document is
-  the field named by ``--json-key``, default ``text``), .txt files (``--txt-mode``: the whole
-  file, each paragraph, or each line is a document) or folders of them.
+Sharded (a Slurm job array, slurm/preprocess.sbatch; one dataset per input file, finished ones skipped)::
+
+    python tools/preprocess_data.py --input shards/ --tokenizer TOK --shard-dir data/shards \
+        --task-index 0 --num-tasks 4 --workers 8        # ... for each task 0..3, then
+    python tools/merge_datasets.py --shard-dir data/shards --output-prefix data/corpus_text_document
+
+* ``--input`` takes one or more .jsonl/.json files, optionally .gz or .zst compressed (one JSON
+  object per line; the document is the field named by ``--json-key``, default ``text``), .parquet
+  files (``--json-key`` names the text column; read by row batches), .txt files (``--txt-mode``:
+  the whole file, each paragraph, or each line is a document), folders (searched recursively) or
+  globs of them, a folder written by ``datasets``' ``save_to_disk`` (``--hf-split``), or a hub
+  dataset name ``ORG/NAME`` (``hf:ORG/NAME/sub/folder`` for part of it): its snapshot in the local
+  Hugging Face cache, streamed from the hub only when not cached and the hub can be reached.
+* ``--workers N`` tokenizer processes, each tokenizing chunks of ``--chunksize`` documents in one
+  batch call of the Rust ``tokenizers`` library; the output is byte-identical for any N.
 * ``--tokenizer`` is a local Hugging Face tokenizer folder (the paper uses the Llama-2
   tokenizer, 32,000 tokens), a ``tokenizer.json`` file, or a hub name where the hub is
   reachable.
@@ -25,9 +38,12 @@ This writes ``data/corpus_text_document.bin``, ``.idx`` and ``.meta.json``; pass
           --train-tokenizer data/tokenizer --vocab-size 8192 \\
           --output-prefix data/default_text_document
 
-Every document gets the end-of-document token appended. Errors (missing input, empty input,
-unloadable tokenizer, unwritable output folder, malformed jsonl) exit non-zero with a one-line
-message. The same logic is importable::
+Every document gets the end-of-document token appended. Bad input (a missing, corrupt or empty
+input file, a missing column, a line that is not JSON or not UTF-8, an unloadable tokenizer, an
+unwritable output folder) exits 2 with a one-line message naming the file and line or row; the
+outputs are written aside and moved into place at the end, so nothing is left half-written.
+``--skip-bad`` skips and counts bad documents and empty shards instead (reported in the summary).
+The same logic is importable::
 
     from tools.preprocess_data import preprocess   # or megatron_sat.data.preprocess
     preprocess(["a.jsonl"], "/path/to/tokenizer", "data/a_text_document", workers=4)
@@ -45,7 +61,7 @@ try:
 except ImportError:  # run from a checkout without installing: put the repo root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.data.preprocess import PreprocessResult, preprocess
+from megatron_sat.data.preprocess import DEFAULT_CHUNKSIZE, PreprocessResult, preprocess
 
 __all__ = ["preprocess", "PreprocessResult", "main"]
 
@@ -56,7 +72,8 @@ def get_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--input", nargs="+", default=None,
-                   help="input .jsonl/.json/.txt files or folders")
+                   help="inputs: .jsonl/.json (.gz, .zst), .parquet, .txt files, folders or globs of them, "
+                        "save_to_disk folders, hub dataset names")
     p.add_argument("--default-corpus", metavar="DIR", default=None,
                    help="write the embedded default corpus to DIR/default_corpus.jsonl and "
                         "use it as (additional) input")
@@ -66,14 +83,26 @@ def get_args(argv=None) -> argparse.Namespace:
                    help="train a byte-level BPE on the inputs, save it to DIR, and use it")
     p.add_argument("--vocab-size", type=int, default=8192,
                    help="vocabulary size for --train-tokenizer")
-    p.add_argument("--output-prefix", required=True,
+    p.add_argument("--output-prefix", default=None,
                    help="output path prefix; writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
-    p.add_argument("--json-key", default="text", help="jsonl field holding the document text")
+    p.add_argument("--shard-dir", default=None, metavar="DIR",
+                   help="instead of --output-prefix: one dataset per input file in DIR (finished ones skipped), "
+                        "this task's group only (--task-index/--num-tasks); join them with tools/merge_datasets.py")
+    p.add_argument("--task-index", type=int, default=None,
+                   help="with --shard-dir: this task (default: the Slurm array task id - its minimum, else 0)")
+    p.add_argument("--num-tasks", type=int, default=None,
+                   help="with --shard-dir: tasks in all (default: the Slurm array task count, else 1)")
+    p.add_argument("--json-key", default="text", help="jsonl field / parquet or dataset column holding the text")
+    p.add_argument("--hf-split", default="train", help="split of a save_to_disk folder or hub dataset")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip and count bad documents (not JSON, not UTF-8, no text) and empty shards instead "
+                        "of stopping at the first")
     p.add_argument("--txt-mode", choices=["file", "paragraph", "line"], default="file",
                    help="what one document is in a .txt input")
     p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)),
                    help="tokenizer processes")
-    p.add_argument("--chunksize", type=int, default=32, help="documents per task sent to a worker")
+    p.add_argument("--chunksize", type=int, default=DEFAULT_CHUNKSIZE,
+                   help="documents per chunk a worker tokenizes in one batch call (output does not depend on it)")
     p.add_argument("--eod-token", default=None,
                    help="end-of-document token text (default: the tokenizer's eos token)")
     p.add_argument("--add-bos", action="store_true", help="prepend the bos token to documents")
@@ -82,6 +111,15 @@ def get_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.input and not args.default_corpus:
         p.error("give --input and/or --default-corpus")
+    if (args.output_prefix is None) == (args.shard_dir is None):
+        p.error("give exactly one of --output-prefix and --shard-dir")
+    env = os.environ
+    if args.task_index is None:
+        args.task_index = int(env.get("SLURM_ARRAY_TASK_ID", 0)) - int(env.get("SLURM_ARRAY_TASK_MIN", 0))
+    if args.num_tasks is None:
+        args.num_tasks = int(env.get("SLURM_ARRAY_TASK_COUNT", 1))
+    if args.shard_dir and not 0 <= args.task_index < args.num_tasks:
+        p.error(f"--task-index {args.task_index} must be in 0..{args.num_tasks - 1} (--num-tasks {args.num_tasks})")
     if (args.tokenizer is None) == (args.train_tokenizer is None):
         p.error("give exactly one of --tokenizer and --train-tokenizer")
     if args.workers < 1:
@@ -89,7 +127,20 @@ def get_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> PreprocessResult:
+def main(argv=None) -> int:
+    """Run the tool: 0 when done (the console script's exit status); a bad input exits 2 with its one-line
+    message."""
+    try:
+        _main(argv)
+        return 0
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        raise
+
+
+def _main(argv=None) -> PreprocessResult:
     args = get_args(argv)
     inputs = list(args.input or [])
     if args.default_corpus:
@@ -113,10 +164,7 @@ def main(argv=None) -> PreprocessResult:
             raise SystemExit(f"preprocess_data: error: {e}") from None
         print(f"preprocess_data: trained byte-level BPE (vocab {tokenizer.vocab_size}) in "
               f"{time.time() - t0:.1f} s -> {args.train_tokenizer}", flush=True)
-    result = preprocess(
-        inputs,
-        tokenizer,
-        args.output_prefix,
+    kwargs = dict(
         workers=args.workers,
         json_key=args.json_key,
         txt_mode=args.txt_mode,
@@ -125,11 +173,18 @@ def main(argv=None) -> PreprocessResult:
         chunksize=args.chunksize,
         progress=not args.quiet,
         eod_token=args.eod_token,
+        skip_bad=args.skip_bad,
+        hf_split=args.hf_split,
     )
+    if args.shard_dir:
+        from megatron_sat.data.shards import preprocess_shards
+
+        return preprocess_shards(inputs, tokenizer, args.shard_dir, args.task_index, args.num_tasks, **kwargs)
+    result = preprocess(inputs, tokenizer, args.output_prefix, **kwargs)
     if args.quiet:
         print(result.summary(), flush=True)
     return result
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -45,7 +45,7 @@ NAME_IGNORES = {
     "micro_batch_size", "recompute_granularity", "recompute_num_layers", "data_cache_path", "bf16",
     "debug_inject_nan_at_step", "data_path", "tokenizer_model", "split",
     "save_retain_interval", "async_save", "verify_checkpoint", "ckpt_fallback", "allow_tokenizer_mismatch",
-    "debug_save_delay", "debug_fail_save_at", "eval_samples",
+    "debug_save_delay", "debug_fail_save_at", "eval_samples", "train_data_path", "valid_data_path", "test_data_path",
 }
 NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
 
@@ -73,7 +73,7 @@ def resolve(recipe: str, overrides=()):
 
 
 def needs_data(args) -> bool:
-    return not (args.data_path or args.mock_data or args.embedded_data)
+    return not (args.data_path or args.train_data_path or args.mock_data or args.embedded_data)
 
 
 def site_settings(site: str) -> dict:

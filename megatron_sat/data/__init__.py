@@ -30,14 +30,18 @@ from megatron_sat.data.corpus import (
     iter_documents,
     write_default_corpus,
 )
-from megatron_sat.data.preprocess import PreprocessResult, preprocess, read_documents
+from megatron_sat.data.preprocess import PreprocessError, PreprocessResult, preprocess, read_documents
+from megatron_sat.data.readers import InputError
+from megatron_sat.data.shards import merge_datasets, preprocess_shards, shard_prefixes, write_blend
 from megatron_sat.data.tokenizer import NullTokenizer, Tokenizer, load_tokenizer, train_bpe_tokenizer
 
 __all__ = [
     "CorpusInfo",
     "DistributedBatchSampler",
     "GPTDatasets",
+    "InputError",
     "NullTokenizer",
+    "PreprocessError",
     "PreprocessResult",
     "Tokenizer",
     "build_data_loader",
@@ -47,9 +51,13 @@ __all__ = [
     "expand_inputs",
     "iter_documents",
     "load_tokenizer",
+    "merge_datasets",
     "parse_blend",
     "preprocess",
+    "preprocess_shards",
     "read_documents",
+    "shard_prefixes",
     "train_bpe_tokenizer",
+    "write_blend",
     "write_default_corpus",
 ]

@@ -25,7 +25,7 @@ import random
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass
-from typing import Iterator, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 DEFAULT_CORPUS_FILENAME = "default_corpus.jsonl"
 DEFAULT_SOURCES = ("topics", "docstrings")
@@ -139,92 +139,14 @@ def write_default_corpus(
     return info
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading inputs
-# ----------------------------------------------------------------------------------------------
+# Reading inputs lives in megatron_sat.data.readers (every format); kept importable from here.
+from megatron_sat.data.readers import (  # noqa: E402
+    JSONL_SUFFIXES,
+    TEXT_SUFFIXES,
+    TXT_MODES,
+    expand_inputs,
+    iter_documents,
+)
 
-JSONL_SUFFIXES = (".jsonl", ".json")
-TEXT_SUFFIXES = (".txt", ".text")
-TXT_MODES = ("file", "paragraph", "line")
-
-
-def expand_inputs(inputs: Sequence[str] | str) -> List[str]:
-    """Resolve input paths: files are kept, folders expand to their jsonl/json/txt files (sorted).
-
-    Raises FileNotFoundError naming every missing path, ValueError for an unsupported suffix or
-    a folder with no usable files.
-    """
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    inputs = [os.fspath(p) for p in inputs]
-    if not inputs:
-        raise ValueError("no input files given")
-    missing = [p for p in inputs if not os.path.exists(p)]
-    if missing:
-        raise FileNotFoundError(f"input file(s) not found: {', '.join(missing)}")
-    files: List[str] = []
-    for p in inputs:
-        if os.path.isdir(p):
-            found = sorted(
-                os.path.join(p, f) for f in os.listdir(p)
-                if f.endswith(JSONL_SUFFIXES + TEXT_SUFFIXES) and os.path.isfile(os.path.join(p, f))
-            )
-            if not found:
-                raise ValueError(f"input folder {p} holds no .jsonl/.json/.txt files")
-            files += found
-        elif p.endswith(JSONL_SUFFIXES + TEXT_SUFFIXES):
-            files.append(p)
-        else:
-            raise ValueError(
-                f"unsupported input {p}: expected a .jsonl/.json (one JSON object per line) "
-                f"or .txt file, or a folder of them"
-            )
-    return files
-
-
-def iter_documents(
-    path: str, json_key: str = "text", txt_mode: str = "file"
-) -> Iterator[str]:
-    """Yield the documents of one input file.
-
-    * ``.jsonl``/``.json``: one JSON object per line, document = ``obj[json_key]`` (blank lines
-      are skipped; a bad line or a missing key raises ValueError naming file and line).
-    * ``.txt``: ``txt_mode="file"`` -> the whole file is one document; ``"paragraph"`` -> blocks
-      separated by blank lines; ``"line"`` -> every non-empty line.
-    """
-    if path.endswith(JSONL_SUFFIXES):
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(obj, dict) or json_key not in obj:
-                    keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                    raise ValueError(f"{path}:{lineno}: no field {json_key!r} (found {keys})")
-                text = obj[json_key]
-                if not isinstance(text, str):
-                    raise ValueError(f"{path}:{lineno}: field {json_key!r} is not a string")
-                yield text
-        return
-    if txt_mode not in TXT_MODES:
-        raise ValueError(f"txt_mode must be one of {TXT_MODES}, got {txt_mode!r}")
-    with open(path, encoding="utf-8") as f:
-        if txt_mode == "file":
-            yield f.read()
-        elif txt_mode == "line":
-            for line in f:
-                if line.strip():
-                    yield line.rstrip("\n")
-        else:
-            block: List[str] = []
-            for line in f:
-                if line.strip():
-                    block.append(line)
-                elif block:
-                    yield "".join(block).rstrip("\n")
-                    block = []
-            if block:
-                yield "".join(block).rstrip("\n")
+__all__ = ["CorpusInfo", "DEFAULT_CORPUS_FILENAME", "JSONL_SUFFIXES", "TEXT_SUFFIXES", "TXT_MODES",
+           "default_corpus_documents", "expand_inputs", "iter_documents", "write_default_corpus"]

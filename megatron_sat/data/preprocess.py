@@ -1,13 +1,19 @@
-"""Tokenize jsonl / text files into a Megatron indexed dataset (``<prefix>.bin`` + ``<prefix>.idx``).
+"""Tokenize a corpus into a Megatron indexed dataset (``<prefix>.bin`` + ``<prefix>.idx``).
 
-Every document becomes one sequence: its token ids (optionally after a bos token) followed by
-the end-of-document token. Documents are written in input order whatever the number of
-workers, so the output is byte-identical for 1 or N workers. The command-line front end is
+Every document becomes one sequence: its token ids (optionally after a bos token) followed by the
+end-of-document token. Inputs are any mix of jsonl (plain, .gz, .zst), parquet, txt, datasets save_to_disk
+folders and hub datasets (megatron_sat.data.readers), streamed in chunks: memory stays bounded whatever the
+input size. Worker processes parse and tokenize whole chunks (megatron_sat.data.encode: one batch call into
+the Rust tokenizer per chunk); the main process reads and writes, keeping at most a few chunks per worker in
+flight. Documents are written in input order whatever the number of workers, so the output is byte-identical
+for 1 or N workers (and for the same documents in any input format). The command-line front end is
 ``tools/preprocess_data.py``; the trainer calls :func:`preprocess` directly.
 
-All user-facing failures (missing inputs, empty input, unloadable tokenizer, unwritable output
-folder, malformed jsonl) raise ``SystemExit`` with a one-line message starting with
-``preprocess_data: error:``, so the command exits non-zero with that message.
+All user-facing failures (missing inputs, bad input files or documents, unloadable tokenizer, unwritable output
+folder) raise :class:`PreprocessError` (a ``SystemExit``) with a one-line message starting with
+``preprocess_data: error:``; the command exits 2 with that message. The outputs are written under temporary
+names and moved into place at the end, so a failed run leaves nothing behind and never half-overwrites an
+earlier dataset.
 """
 
 from __future__ import annotations
@@ -15,17 +21,25 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, field
 from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy
 
-from megatron_sat.data.corpus import expand_inputs, iter_documents
+from megatron_sat.data.encode import encode_chunk, init_worker
+from megatron_sat.data.readers import InputError, expand_inputs, iter_chunks, source_size
 from megatron_sat.data.tokenizer import Tokenizer, load_tokenizer
 
 _ERR = "preprocess_data: error:"
+DEFAULT_CHUNKSIZE = 256   # documents (lines, rows) per chunk sent to a worker
+
+
+class PreprocessError(SystemExit):
+    """A bad input or setting: str() is the one-line message; tools/preprocess_data.py exits 2 with it."""
 
 
 @dataclass
@@ -40,42 +54,28 @@ class PreprocessResult:
     tokenizer: str
     vocab_size: int
     dtype: str             # token dtype in the .bin file (uint16 below 65,500 ids, else int32)
+    num_bad: int = 0       # bad documents skipped (--skip-bad)
+    bad_shards: List[str] = field(default_factory=list)  # empty input files skipped (--skip-bad)
+    input_bytes: int = 0   # on-disk bytes of the inputs read
 
     def summary(self) -> str:
-        rate = self.num_tokens / max(self.seconds, 1e-9)
+        secs = max(self.seconds, 1e-9)
+        bad = ""
+        if self.num_bad or self.bad_shards:
+            bad = f", {self.num_bad} bad documents and {len(self.bad_shards)} empty shards skipped"
         return (
             f"preprocess_data: {self.num_docs:,} documents, {self.num_tokens:,} tokens "
-            f"({self.num_skipped} empty skipped) in {self.seconds:.2f} s ({rate:,.0f} tokens/s) "
+            f"({self.num_skipped} empty skipped{bad}) in {self.seconds:.2f} s ({self.num_docs / secs:,.0f} docs/s, "
+            f"{self.num_tokens / secs:,.0f} tokens/s, {self.input_bytes / secs / 1e6:,.1f} MB/s) "
             f"-> {self.output_prefix}.bin/.idx [{self.dtype}, vocab {self.vocab_size}]"
         )
-
-
-# Per-worker state, set by _init_worker (or directly when workers == 1).
-_TOK: Optional[Tokenizer] = None
-_OPTS: dict = {}
-
-
-def _init_worker(tokenizer: Tokenizer, append_eod: bool, add_bos: bool) -> None:
-    global _TOK, _OPTS
-    _TOK = tokenizer
-    _OPTS = {"append_eod": append_eod, "add_bos": add_bos}
-
-
-def _encode(text: str) -> numpy.ndarray:
-    """One document -> int64 token ids [n] (empty array for an empty document)."""
-    if not text:
-        return numpy.zeros(0, dtype=numpy.int64)
-    ids = _TOK.encode(text, add_bos=_OPTS["add_bos"])
-    if _OPTS["append_eod"]:
-        ids.append(_TOK.eod)
-    return numpy.asarray(ids, dtype=numpy.int64)
 
 
 def _check_output(output_prefix: str) -> str:
     """Make sure the folder of ``output_prefix`` exists and is writable; return the abs prefix."""
     prefix = os.path.abspath(os.path.expanduser(os.fspath(output_prefix)))
     if os.fspath(output_prefix).endswith(("/", os.sep)) or os.path.isdir(prefix):
-        raise SystemExit(
+        raise PreprocessError(
             f"{_ERR} output prefix {output_prefix} is a folder; give a file prefix such as "
             f"{os.path.join(output_prefix, 'corpus_text_document')}"
         )
@@ -85,8 +85,35 @@ def _check_output(output_prefix: str) -> str:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_test_"):
             pass
     except OSError as e:
-        raise SystemExit(f"{_ERR} output folder {folder} is not writable ({e.strerror or e})") from None
+        raise PreprocessError(f"{_ERR} output folder {folder} is not writable ({e.strerror or e})") from None
     return prefix
+
+
+def _in_order(fn, chunks, pool, window: int):
+    """(chunk, fn(chunk)) in input order; with a pool at most `window` chunks are in flight (bounded memory,
+    unlike Pool.imap, which reads its whole input ahead)."""
+    if pool is None:
+        for c in chunks:
+            yield c, fn(c)
+        return
+    pending = deque()
+    for c in chunks:
+        pending.append((c, pool.apply_async(fn, (c,))))
+        if len(pending) >= window:
+            c0, r = pending.popleft()
+            yield c0, r.get()
+    while pending:
+        c0, r = pending.popleft()
+        yield c0, r.get()
+
+
+def _write_chunk(builder, ids: numpy.ndarray, lengths: numpy.ndarray) -> None:
+    """Append documents to a megatron-core IndexedDatasetBuilder, the same bytes and index entries as
+    builder.add_document(doc, [len(doc)]) per document, in one write (the builder has no batch call)."""
+    builder.data_file.write(numpy.asarray(ids, dtype=builder.dtype).tobytes(order="C"))
+    start = len(builder.sequence_lengths)
+    builder.sequence_lengths.extend(lengths.tolist())
+    builder.document_indices.extend(range(start + 1, start + 1 + len(lengths)))
 
 
 def preprocess(
@@ -98,24 +125,31 @@ def preprocess(
     txt_mode: str = "file",
     append_eod: bool = True,
     add_bos: bool = False,
-    chunksize: int = 32,
+    chunksize: int = DEFAULT_CHUNKSIZE,
     progress: bool = True,
     eod_token: Optional[str] = None,
+    skip_bad: bool = False,
+    hf_split: str = "train",
+    allow_empty: bool = False,
 ) -> PreprocessResult:
     """Tokenize ``inputs`` into ``<output_prefix>.bin`` / ``<output_prefix>.idx``.
 
     Args:
-        inputs: .jsonl/.json files (document = field ``json_key``), .txt files (see
-            ``txt_mode`` in :func:`megatron_sat.data.corpus.iter_documents`), or folders.
+        inputs: files, folders, globs, save_to_disk folders or hub dataset names (see
+            :mod:`megatron_sat.data.readers`); document = field / column ``json_key``.
         tokenizer: a :class:`Tokenizer`, or a path / hub name for :func:`load_tokenizer`.
         output_prefix: path prefix of the dataset (``data/corpus`` -> ``data/corpus.bin``); it
             is what the trainer's data path / blend names. A ``<prefix>.meta.json`` sidecar
             records tokenizer and counts.
-        workers: tokenizer processes (multiprocessing Pool, ``imap`` with ``chunksize``).
+        workers: tokenizer processes (1: tokenize in this process).
         append_eod / add_bos: add the eod token after / the bos token before every document.
-        progress: show a tqdm bar and print the summary line.
+        chunksize: documents (lines, rows) per chunk sent to a worker; does not change the output.
+        progress: show a progress bar (MB/s, docs/s, ETA) and print the summary line.
         eod_token: end-of-document token text when ``tokenizer`` is a path whose eos token is
             missing or wrong.
+        skip_bad: skip (and count) bad documents and empty shards instead of stopping at the first.
+        hf_split: split of a datasets folder / hub dataset.
+        allow_empty: write a dataset of no documents instead of failing (a skipped shard of a sharded run).
 
     Returns:
         PreprocessResult (documents, tokens, seconds, output prefix, ...).
@@ -124,80 +158,96 @@ def preprocess(
     try:
         files = expand_inputs(inputs)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"{_ERR} {e}") from None
+        raise PreprocessError(f"{_ERR} {e}") from None
     try:
         tok = load_tokenizer(tokenizer, eod_token=eod_token)
+        init_worker(tok, json_key, append_eod, add_bos)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"{_ERR} cannot load tokenizer: {e}") from None
+        raise PreprocessError(f"{_ERR} cannot load tokenizer: {e}") from None
+    if chunksize < 1:
+        raise PreprocessError(f"{_ERR} chunksize must be >= 1, got {chunksize}")
     prefix = _check_output(output_prefix)
     clash = [f for f in files if os.path.realpath(f) in {os.path.realpath(prefix + e) for e in (".bin", ".idx")}]
     if clash:
-        raise SystemExit(f"{_ERR} output prefix {output_prefix} would overwrite the input {clash[0]}: "
-                         "choose another --output-prefix")
+        raise PreprocessError(f"{_ERR} output prefix {output_prefix} would overwrite the input {clash[0]}: "
+                              "choose another --output-prefix")
 
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     dtype = DType.optimal_dtype(tok.vocab_size)
-    tmp_bin, tmp_idx = f"{prefix}.tmp{os.getpid()}.bin", f"{prefix}.tmp{os.getpid()}.idx"
+    init_worker(tok, json_key, append_eod, add_bos, dtype)
+    tmp = f"{prefix}.tmp{os.getpid()}"
+    sizes = [source_size(f) for f in files]
+    total = None if None in sizes else sum(sizes)
+    bad_shards: List[str] = []
 
-    def documents() -> Iterator[str]:
+    def chunks() -> Iterator:
         for path in files:
-            yield from iter_documents(path, json_key=json_key, txt_mode=txt_mode)
+            try:
+                yield from iter_chunks(path, json_key=json_key, txt_mode=txt_mode, hf_split=hf_split,
+                                       chunk_docs=chunksize)
+            except InputError as e:
+                if not (skip_bad and str(e).startswith("empty input")):
+                    raise
+                bad_shards.append(path)
 
-    builder = IndexedDatasetBuilder(tmp_bin, dtype=dtype)
-    num_docs = num_tokens = num_skipped = 0
+    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
+    num_docs = num_tokens = num_skipped = num_bad = 0
     max_token_id = -1
+    first_bad = None
     pool = None
+    bar = _Progress(total, progress)
     try:
         if workers > 1:
             saved = os.environ.get("TOKENIZERS_PARALLELISM")
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # forked workers: no rayon pools
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one Rust thread per worker process: --workers = cores
             try:
-                pool = multiprocessing.Pool(
-                    workers, initializer=_init_worker, initargs=(tok, append_eod, add_bos)
-                )
+                pool = multiprocessing.Pool(workers, initializer=init_worker,
+                                            initargs=(tok, json_key, append_eod, add_bos, dtype))
             finally:
                 if saved is None:
                     os.environ.pop("TOKENIZERS_PARALLELISM", None)
                 else:
                     os.environ["TOKENIZERS_PARALLELISM"] = saved
-            encoded = pool.imap(_encode, documents(), chunksize=chunksize)
-        else:
-            _init_worker(tok, append_eod, add_bos)
-            encoded = map(_encode, documents())
-
-        bar = _progress_bar(encoded, progress)
-        for ids in bar:  # ids: int64 [n_tokens]
-            if ids.size == 0:
-                num_skipped += 1
-                continue
-            builder.add_document(ids, [ids.size])
-            num_docs += 1
-            num_tokens += int(ids.size)
-            max_token_id = max(max_token_id, int(ids.max()))
-            if num_docs % 256 == 0:
-                bar.set_postfix(tokens=f"{num_tokens:,}", refresh=False)
+        done_before, last_source = 0, None
+        for chunk, enc in _in_order(encode_chunk, chunks(), pool, window=3 * workers):
+            if enc.bad:
+                if not skip_bad:
+                    raise InputError(f"{enc.bad[0]} (or pass --skip-bad to skip bad documents)")
+                num_bad += len(enc.bad)
+                first_bad = first_bad or enc.bad[0]
+            num_skipped += enc.num_empty
+            if len(enc.lengths):
+                _write_chunk(builder, enc.ids, enc.lengths)
+                num_docs += len(enc.lengths)
+                num_tokens += int(enc.lengths.sum())
+                max_token_id = max(max_token_id, int(enc.ids.max()))
+            if chunk.source != last_source:
+                if last_source is not None:
+                    done_before += source_size(last_source) or 0
+                last_source = chunk.source
+            bar.update(done_before + chunk.done_bytes, num_docs, num_tokens)
         bar.close()
-        builder.finalize(tmp_idx)
-    except ValueError as e:  # malformed jsonl, missing field
-        _remove(tmp_bin, tmp_idx, builder)
-        raise SystemExit(f"{_ERR} {e}") from None
+        builder.finalize(tmp + ".idx")
+    except (InputError, ValueError) as e:  # unreadable file, bad document, missing column
+        _remove(tmp, builder)
+        raise PreprocessError(f"{_ERR} {e}") from None
     except BaseException:
-        _remove(tmp_bin, tmp_idx, builder)
+        _remove(tmp, builder)
         raise
     finally:
+        bar.close()
         if pool is not None:
             pool.terminate()
             pool.join()
 
-    if num_docs == 0:
-        _remove(tmp_bin, tmp_idx, builder)
-        raise SystemExit(
+    if num_docs == 0 and not allow_empty:
+        _remove(tmp, builder)
+        raise PreprocessError(
             f"{_ERR} empty input: no documents with text in {', '.join(files)}"
             + (f" ({num_skipped} empty documents)" if num_skipped else "")
+            + (f" ({num_bad} bad documents skipped)" if num_bad else "")
         )
-    os.replace(tmp_bin, prefix + ".bin")
-    os.replace(tmp_idx, prefix + ".idx")
     result = PreprocessResult(
         output_prefix=prefix,
         num_docs=num_docs,
@@ -207,48 +257,72 @@ def preprocess(
         tokenizer=tok.name,
         vocab_size=tok.vocab_size,
         dtype=numpy.dtype(dtype).name,
+        num_bad=num_bad,
+        bad_shards=bad_shards,
+        input_bytes=total or 0,
     )
-    meta = dict(asdict(result), eod=tok.eod, inputs=files, json_key=json_key,
+    meta = dict(asdict(result), eod=tok.eod, inputs=files, json_key=json_key, first_bad=first_bad,
                 append_eod=append_eod, add_bos=add_bos, max_token_id=max_token_id,
                 tokenizer_fingerprint=tok.fingerprint)  # the trainer checks both (data/checks.py)
-    with open(prefix + ".meta.json", "w") as f:
+    with open(tmp + ".meta.json", "w") as f:
         json.dump(meta, f, indent=2)
+    for ext in (".bin", ".idx", ".meta.json"):  # .meta.json last: it marks a finished dataset (shards resume)
+        os.replace(tmp + ext, prefix + ext)
     if progress:
         print(result.summary(), flush=True)
+        if num_bad or bad_shards:
+            print(f"preprocess_data: skipped {num_bad} bad documents (first: {first_bad}) and empty shards "
+                  f"{bad_shards or 'none'}", flush=True)
     return result
 
 
-def _progress_bar(iterable, enabled: bool):
-    """tqdm over documents (a plain pass-through when disabled or tqdm is not installed)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        enabled = False
-    if not enabled:
+class _Progress:
+    """Progress bar over input bytes (MB/s, ETA) with documents/s and tokens/s; tqdm when installed, a line
+    every 30 s when the output is not a terminal (Slurm logs)."""
 
-        class _Plain:
-            def __iter__(self):
-                return iter(iterable)
+    def __init__(self, total: Optional[int], enabled: bool) -> None:
+        self.enabled, self.total, self.t0, self.last = enabled, total, time.time(), 0.0
+        self.bar = None
+        self.tty = sys.stderr.isatty()
+        if enabled and self.tty:
+            try:
+                from tqdm import tqdm
 
-            def set_postfix(self, **kwargs):
+                self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", mininterval=0.5)
+            except ImportError:
                 pass
 
-            def close(self):
-                pass
+    def update(self, done: int, docs: int, tokens: int) -> None:
+        if not self.enabled:
+            return
+        now = time.time()
+        elapsed = max(now - self.t0, 1e-9)
+        rates = f"{docs:,} docs, {docs / elapsed:,.0f} docs/s, {tokens / elapsed:,.0f} tokens/s"
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+            self.bar.set_postfix_str(rates, refresh=False)
+        elif now - self.last >= 30:
+            self.last = now
+            mb = done / elapsed / 1e6
+            eta = "" if not self.total or not done else f", ETA {(self.total - done) * elapsed / done:,.0f} s"
+            pct = f" ({100 * done / self.total:.1f}%)" if self.total else ""
+            print(f"tokenize: {done / 1e6:,.1f} MB{pct}, {mb:,.1f} MB/s, {rates}{eta}", file=sys.stderr, flush=True)
 
-        return _Plain()
-    return tqdm(iterable, unit="doc", mininterval=0.5, desc="tokenize")
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
-def _remove(tmp_bin: str, tmp_idx: str, builder) -> None:
+def _remove(tmp: str, builder) -> None:
     """Drop half-written temporary files."""
     try:
         builder.data_file.close()
     except Exception:
         pass
-    for p in (tmp_bin, tmp_idx):
-        if os.path.exists(p):
-            os.remove(p)
+    for ext in (".bin", ".idx", ".meta.json"):
+        if os.path.exists(tmp + ext):
+            os.remove(tmp + ext)
 
 
 def read_documents(prefix: str) -> List[numpy.ndarray]:

@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data").add_argument
     g("--data-path", nargs="*", default=None, help="indexed dataset prefix(es) or a blend 'w1 p1 w2 p2'")
     g("--split", default="98,2,0")
+    # separate datasets per split (Megatron-LM's names), instead of --data-path + --split; each a prefix or blend
+    g("--train-data-path", nargs="*", default=None, help="training data: a prefix or a blend 'w1 p1 w2 p2'")
+    g("--valid-data-path", nargs="*", default=None, help="validation data (default: none, no validation)")
+    g("--test-data-path", nargs="*", default=None, help="test data")
     g("--tokenizer-model", default=None, help="HF tokenizer folder / tokenizer.json / hub name")
     g("--mock-data", action=argparse.BooleanOptionalAction, default=False,
       help="synthetic tokens (throughput runs); needs --vocab-size. --data-path or --embedded-data on the command "
@@ -202,7 +206,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-DATA_SOURCES = ("data_path", "embedded_data", "mock_data")
+DATA_SOURCES = ("data_path", "embedded_data", "mock_data", "train_data_path")
 
 
 def _replace_recipe_data_source(args: argparse.Namespace, argv: Optional[List[str]]) -> None:
@@ -248,9 +252,11 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
     if not 0 <= args.lr_warmup_iters < decay:
         errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "
                       "(--lr-decay-iters, default --train-iters)")
-    sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data)]
+    sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data), bool(args.train_data_path)]
     if sum(sources) != 1:
-        errors.append("give exactly one data source: --data-path PREFIX, --mock-data or --embedded-data DIR")
+        errors.append("give exactly one data source: --data-path PREFIX, --train-data-path PREFIX (with "
+                      "--valid-data-path, --test-data-path), --mock-data or --embedded-data DIR")
+    errors += split_path_errors(args)
     if args.data_path:
         prefixes = [x for x in " ".join(args.data_path).split() if not _is_number(x)]
         missing = [x for x in prefixes if not (os.path.isfile(x + ".bin") and os.path.isfile(x + ".idx"))]
@@ -321,6 +327,34 @@ def model_config_fields(args: argparse.Namespace) -> dict:
     """The arch switches of SATConfig from parsed trainer arguments (every tool that turns arguments into a
     model config passes these, so a new flag reaches all of them)."""
     return {k: getattr(args, k) for k in MODEL_CONFIG_KEYS}
+
+
+def split_path_errors(args: argparse.Namespace) -> List[str]:
+    """--train/valid/test-data-path: datasets that exist, a tokenizer, and no --valid/--test path without a train
+    path (the per-split paths replace --data-path + --split as a whole)."""
+    errors = []
+    per_split = {k: getattr(args, f"{k}_data_path", None) for k in ("train", "valid", "test")}
+    if not any(per_split.values()):
+        return errors
+    if not per_split["train"]:
+        errors.append("--valid-data-path / --test-data-path need --train-data-path (they replace --data-path)")
+    for name, value in per_split.items():
+        if value:
+            prefixes = [x for x in " ".join(value).split() if not _is_number(x)]
+            missing = [x for x in prefixes if not (os.path.isfile(x + ".bin") and os.path.isfile(x + ".idx"))]
+            if missing or not prefixes:
+                errors.append(f"--{name}-data-path: no indexed dataset (.bin + .idx) at "
+                              f"{', '.join(missing) or 'nothing given'} (make one with tools/preprocess_data.py)")
+    if per_split["train"] and not args.tokenizer_model:
+        errors.append("--train-data-path needs --tokenizer-model (the tokenizer the data was made with)")
+    return errors
+
+
+def data_spec(args: argparse.Namespace):
+    """What the trainer reads: the --data-path blend (a string), or {"train", "valid", "test"} blends."""
+    if args.train_data_path:
+        return {k: " ".join(getattr(args, f"{k}_data_path") or []) or None for k in ("train", "valid", "test")}
+    return " ".join(args.data_path)
 
 
 def parse_split(split: str) -> list:

@@ -23,7 +23,7 @@ from megatron.core import parallel_state
 
 from megatron_sat.data import NullTokenizer, build_data_loader, build_datasets, load_tokenizer, parse_blend
 from megatron_sat.data.checks import DataError, check_dataset, epochs_needed
-from megatron_sat.training.arguments import parse_split
+from megatron_sat.training.arguments import data_spec, parse_split
 
 READY = "READY"
 # seed of the validation split's shuffle, the same for every run (1234, the recipes' default --seed, so that
@@ -78,20 +78,25 @@ def tokenizer_and_data(args, log=print):
             tokenizer = load_tokenizer(args.tokenizer_model)
         except (OSError, ValueError) as e:
             raise DataError(f"--tokenizer-model: {e}") from None
-        data = " ".join(args.data_path)
+        data = data_spec(args)  # a blend string, or {"train", "valid", "test"} blends (--train-data-path ...)
     _check_on_rank0(args, tokenizer, data, log)
     return tokenizer, data
 
 
-def _check_on_rank0(args, tokenizer, data: str, log) -> None:
+def _check_on_rank0(args, tokenizer, data, log) -> None:
     """data/checks.py on global rank 0 (it may scan the .bin files), the verdict broadcast to every rank."""
     verdict = [None]
     if torch.distributed.get_rank() == 0:
         try:
+            # --data-path: every prefix, cut by --split; per-split paths: all checked, the train blend is trained on
+            blends = data if isinstance(data, dict) else {"train": data}
+            shares = parse_split(args.split) if not isinstance(data, dict) else [1.0, 0.0, 0.0]
             tokens = 0
-            for prefix in parse_blend(data)[0]:
-                tokens += check_dataset(prefix, tokenizer, args.allow_tokenizer_mismatch)["tokens"]
-            epochs = epochs_needed(tokens, parse_split(args.split), args.train_iters * args.global_batch_size, args.seq_length)
+            for name, blend in blends.items():
+                for prefix in parse_blend(blend)[0] if blend else []:
+                    found = check_dataset(prefix, tokenizer, args.allow_tokenizer_mismatch)["tokens"]
+                    tokens += found if name == "train" else 0
+            epochs = epochs_needed(tokens, shares, args.train_iters * args.global_batch_size, args.seq_length)
             if epochs > 10:
                 log(f"warning: {args.train_iters} steps of {args.global_batch_size} x {args.seq_length + 1} tokens "
                     f"need {epochs:.0f} passes over the training split of {data} ({tokens:,} tokens in all): "
