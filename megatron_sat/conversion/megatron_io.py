@@ -152,7 +152,9 @@ def load_weights(model, iter_dir: str, metadata: dict) -> None:
                 for old, new in ((a, b), (b, a)):
                     if value.key.endswith(old) and value.key[: -len(old)] + new in metadata:
                         value.key = value.key[: -len(old)] + new
-    keys = {v.key for v in sharded.values() if isinstance(v, (ShardedTensor, ShardedTensorFactory))}
+    tensors = [t for v in sharded.values() for t in (_built(v) if isinstance(v, ShardedTensorFactory) else [v])
+               if isinstance(t, ShardedTensor)]  # a factory (e.g. the fused gate) stores the tensors it builds
+    keys = {t.key for t in tensors}
     missing = sorted(keys - set(metadata))
     if missing:
         raise ConversionError("the checkpoint lacks tensors this model needs (wrong arch or sizes in its "
@@ -162,12 +164,18 @@ def load_weights(model, iter_dir: str, metadata: dict) -> None:
     if unused:
         raise ConversionError("the checkpoint holds model tensors that its recorded configuration does not use "
                               f"(wrong arch or sizes recorded?): {', '.join(unused[:6])}")
-    for s in sharded.values():
-        if isinstance(s, ShardedTensor) and tuple(metadata[s.key].global_shape) != tuple(s.global_shape):
+    for s in tensors:
+        if tuple(metadata[s.key].global_shape) != tuple(s.global_shape):
             raise ConversionError(f"shape mismatch for {s.key}: checkpoint {tuple(metadata[s.key].global_shape)}, "
                                   f"model {tuple(s.global_shape)} (sizes recorded wrongly?)")
     loaded = dist_checkpointing.load(sharded, iter_dir)  # also returns the common state: keep the model's
     model.load_state_dict({k: v for k, v in loaded.items() if k in sharded})
+
+
+def _built(factory) -> list:
+    """The ShardedTensors a ShardedTensorFactory saves (the tensors the checkpoint holds for it)."""
+    built = factory.build()
+    return list(built.values()) if isinstance(built, dict) else list(built)
 
 
 def full_state(model) -> dict:
