@@ -251,3 +251,15 @@ def test_arch_labels_select_the_gate_implementation():
     for bad in ("transformer:separate", "satformer:eager", "satformer:", "sat"):
         with pytest.raises(ValueError, match="satformer:IMPL"):
             arch_label(bad)
+
+
+def test_fused_gate_fallback_is_announced():
+    """Where the fused gate cannot run (a QKV bias), the separate one runs and says so."""
+    from megatron_sat.model.config import make_config
+    from megatron_sat.model.specs import layer_spec
+
+    sizes = dict(num_layers=2, hidden_size=64, num_attention_heads=4)
+    with pytest.warns(UserWarning, match="runs the separate gate"):
+        layer_spec(make_config("satformer", **sizes, add_qkv_bias=True), "local")
+    assert not make_config("satformer", **sizes, add_qkv_bias=True).fused_value_residual_gate
+    assert make_config("satformer", **sizes).fused_value_residual_gate

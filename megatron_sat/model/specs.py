@@ -21,6 +21,7 @@ Two backends with the same classes on top:
 
 import copy
 import dataclasses
+import warnings
 from typing import Optional
 
 import torch
@@ -92,6 +93,9 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
         attention.module = ValueResidualSelfAttention
         # the separate gate reads the normalised x; the fused one is part of the fused norm + QKV linear
         unfused_input_norm = config.arch == "satformer" and not config.fused_value_residual_gate
+        if unfused_input_norm and config.value_residual_gate_impl == "fused":
+            warnings.warn("SATFormer's fused gate needs num_query_groups divisible by the TP size and no QKV bias: "
+                          "this model runs the separate gate (--value-residual-gate-impl separate)", stacklevel=2)
     elif config.arch == "muddformer":
         module = MUDDFormerLayer
         attention.module = MultiInputSelfAttention
