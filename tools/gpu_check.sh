@@ -7,7 +7,7 @@
 # from a wheel folder prepared beforehand on a machine with internet (git-ignored; `make gpu-wheels`):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 -d .whl megatron-core==0.19.2 psutil xxhash tqdm
-# into a private folder under OUT_DIR (never into the system Python, never from the network).
+# into a private folder under $TMPDIR (never into the system Python, never from the network).
 # MSAT_WHEELS names another wheel folder; PYTHON another interpreter.
 #
 # 1. tests/test_gpu.py: every arch on the local spec in BF16 on CUDA; with Transformer Engine also the TE spec
@@ -44,12 +44,12 @@ if ((${#missing[@]})); then
          "at the top of tools/gpu_check.sh (or make gpu-wheels) and pass it along (MSAT_WHEELS=DIR)" >&2
     exit 2
   fi
-  site="$out/site-packages"
-  if ! "$py" -m pip install -q --no-index --no-deps --find-links "$wheels" --target "$site" "${missing[@]}"; then
+  site="${TMPDIR:-/tmp}/megatron-sat-gpu-site"  # outside OUT_DIR: a device run's OUT comes back, the wheels need not
+  if ! "$py" -m pip install -q --upgrade --no-index --no-deps --find-links "$wheels" --target "$site" "${missing[@]}"; then
     echo "gpu_check: could not install ${missing[*]} from $wheels (offline); is every wheel there, for $("$py" -V)?" >&2
     exit 2
   fi
-  export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   say "installed offline from $wheels: ${missing[*]}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
