@@ -152,7 +152,7 @@ def _main(argv=None) -> PreprocessResult:
         inputs.append(info.path)
     tokenizer = args.tokenizer
     if args.train_tokenizer:
-        from megatron_sat.data.corpus import expand_inputs
+        from megatron_sat.data.readers import expand_inputs
         from megatron_sat.data.tokenizer import train_bpe_tokenizer
 
         t0 = time.time()

@@ -79,7 +79,7 @@ def default_documents(fraction: float = 0.05) -> List[str]:
 
 
 def read_documents(paths: Sequence[str], text_key: str = "text") -> List[str]:
-    from megatron_sat.data.corpus import expand_inputs, iter_documents
+    from megatron_sat.data.readers import expand_inputs, iter_documents
 
     try:
         return [doc for path in expand_inputs(paths) for doc in iter_documents(path, json_key=text_key)]

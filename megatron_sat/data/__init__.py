@@ -23,15 +23,9 @@ from megatron_sat.data.builder import (
     collate_batch,
     parse_blend,
 )
-from megatron_sat.data.corpus import (
-    CorpusInfo,
-    default_corpus_documents,
-    expand_inputs,
-    iter_documents,
-    write_default_corpus,
-)
+from megatron_sat.data.corpus import CorpusInfo, default_corpus_documents, write_default_corpus
 from megatron_sat.data.preprocess import PreprocessError, PreprocessResult, preprocess, read_documents
-from megatron_sat.data.readers import InputError
+from megatron_sat.data.readers import InputError, expand_inputs, iter_documents
 from megatron_sat.data.shards import merge_datasets, preprocess_shards, shard_prefixes, write_blend
 from megatron_sat.data.tokenizer import NullTokenizer, Tokenizer, load_tokenizer, train_bpe_tokenizer
 

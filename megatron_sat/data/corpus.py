@@ -139,14 +139,4 @@ def write_default_corpus(
     return info
 
 
-# Reading inputs lives in megatron_sat.data.readers (every format); kept importable from here.
-from megatron_sat.data.readers import (  # noqa: E402
-    JSONL_SUFFIXES,
-    TEXT_SUFFIXES,
-    TXT_MODES,
-    expand_inputs,
-    iter_documents,
-)
-
-__all__ = ["CorpusInfo", "DEFAULT_CORPUS_FILENAME", "JSONL_SUFFIXES", "TEXT_SUFFIXES", "TXT_MODES",
-           "default_corpus_documents", "expand_inputs", "iter_documents", "write_default_corpus"]
+__all__ = ["CorpusInfo", "DEFAULT_CORPUS_FILENAME", "default_corpus_documents", "write_default_corpus"]

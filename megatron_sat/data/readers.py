@@ -25,6 +25,7 @@ import glob
 import gzip
 import io
 import os
+import socket
 import zlib
 from dataclasses import dataclass
 from itertools import islice
@@ -114,11 +115,26 @@ def _looks_like_hub_name(p: str) -> bool:
             and not _supported(p))
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Quick check before a hub download (which otherwise retries for about a minute offline)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # cannot probe through a proxy cheaply; let the download try
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def resolve_hub_dataset(name: str) -> str:
     """A hub dataset name -> its snapshot folder in the local hub cache, or STREAM_PREFIX + name when it is not
     cached but the hub can be reached. `hf:ORG/NAME/sub/folder` picks a folder of the snapshot."""
-    from megatron_sat.data.tokenizer import _hub_reachable
-
     name = name[len(HUB_PREFIX):] if name.startswith(HUB_PREFIX) else name
     parts = name.split("/")
     repo, sub = "/".join(parts[:2]), "/".join(parts[2:])
@@ -129,7 +145,7 @@ def resolve_hub_dataset(name: str) -> str:
     except Exception:  # noqa: BLE001 (not cached: LocalEntryNotFoundError and friends)
         folder = None
     if folder is None:
-        if not _hub_reachable():
+        if not hub_reachable():
             raise FileNotFoundError(
                 f"input {name} is neither a local path nor a dataset in the local Hugging Face hub cache, and the hub "
                 "cannot be reached (offline): download it first (huggingface-cli download --repo-type dataset "

@@ -23,10 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import sys
 from collections import OrderedDict
 from typing import Iterable, List, Optional, Sequence
+
+from megatron_sat.data.readers import expand_inputs, hub_reachable, iter_documents
 
 EOD_TOKEN = "<|endoftext|>"
 # Tried in order when a bare tokenizers JSON file gives no end-of-document token.
@@ -216,7 +217,7 @@ def load_tokenizer(name_or_path: str, eod_token: Optional[str] = None) -> Tokeni
     except Exception:
         pass
     hint = "Pass the path of a local tokenizer folder instead."
-    if not _hub_reachable():
+    if not hub_reachable():
         raise ValueError(
             f"could not load tokenizer {name!r}: it is not a local path, not in the local "
             f"Hugging Face cache, and the hub cannot be reached (offline). {hint}"
@@ -230,23 +231,6 @@ def load_tokenizer(name_or_path: str, eod_token: Optional[str] = None) -> Tokeni
             f"{hint}"
         ) from None
     return Tokenizer(hf, name)
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Quick check before a hub download (which otherwise retries for about a minute offline)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        return False
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True  # cannot probe through a proxy cheaply; let the download try
-    from urllib.parse import urlparse
-
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    port = url.port or (80 if url.scheme == "http" else 443)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def train_bpe_tokenizer(
@@ -273,7 +257,6 @@ def train_bpe_tokenizer(
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from megatron_sat.data.corpus import expand_inputs, iter_documents
 
     files = expand_inputs(text_files)
     if vocab_size < 257:
