@@ -100,10 +100,10 @@ def write_remote_code(spec: ModelSpec, folder: Path) -> None:
         return
     if spec.arch not in HF_CLASSES:
         return
+    (folder / "layers.py").write_text((HF_CODE / "layers.py").read_text())  # shared by the modeling files below
     if spec.arch not in VALUE_RESIDUAL:  # the baselines: their model, their config, the shared layers
         (folder / f"configuration_{spec.arch}.py").write_text((HF_CODE / "configuration_baselines.py").read_text())
         (folder / f"modeling_{spec.arch}.py").write_text((HF_CODE / f"modeling_{spec.arch}.py").read_text())
-        (folder / "baseline_layers.py").write_text((HF_CODE / "baseline_layers.py").read_text())
         return
     config_src = (HF_CODE / "configuration_valueresidual.py").read_text()
     model_src = (HF_CODE / "modeling_valueresidual.py").read_text()

@@ -4,7 +4,7 @@ Pure PyTorch (SDPA), with the SATFormer authors' classes and weight names
 (models/denseformer in SkyeGunasekaran/SATFormer; dilation and period 1):
 
     model.embeddings, model.norm, lm_head
-    model.layers.N.{attn_norm, mlp_norm}, model.layers.N.attn.*, model.layers.N.mlp.*   (baseline_layers.py)
+    model.layers.N.{attn_norm, mlp_norm}, model.layers.N.attn.*, model.layers.N.mlp.*   (layers.py)
     model.dwa_modules.alphas.N.weight   [1, N + 2]   block N's weights over X_0 .. X_{N+1}
 
 With X_0 the embedding and X_{N+1} = Block_N(Y_N) the plain pre-norm block's output,
@@ -15,8 +15,8 @@ norm. Every op outside attention is per token, so the KV cache holds the usual K
 import torch
 from torch import nn
 
-from .baseline_layers import MLP, Attention, ForCausalLM, PreTrained, RMSNorm, init, model_output, prepare
 from .configuration_denseformer import DenseFormerConfig
+from .layers import MLP, Attention, ForCausalLM, PreTrained, RMSNorm, init, model_output, prepare
 
 
 class DenseFormerBlock(nn.Module):
@@ -69,12 +69,6 @@ class DenseFormerModel(DenseFormerPreTrainedModel):
         self.dwa_modules = DWAModules(config.num_hidden_layers, config.dwa_dilation, config.dwa_period)
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, cache=None, **kwargs):

@@ -4,7 +4,7 @@ Pure PyTorch (SDPA), with the SATFormer authors' classes and weight names
 (models/hyperconnections in SkyeGunasekaran/SATFormer):
 
     model.embeddings, model.norm, lm_head
-    model.layers.N.{attn_norm, mlp_norm}, model.layers.N.attn.*, model.layers.N.mlp.*   (baseline_layers.py)
+    model.layers.N.{attn_norm, mlp_norm}, model.layers.N.attn.*, model.layers.N.mlp.*   (layers.py)
     model.layers.N.{attn_hc, mlp_hc}.{static_alpha [n, n+1], static_beta [n]}
         and with use_dynamic_hc: norm.weight [h], dynamic_alpha_proj [h, n+1], dynamic_beta_proj [h],
         dynamic_alpha_scale [1], dynamic_beta_scale [1]
@@ -20,8 +20,8 @@ float32 and what the Megatron model uses in every precision (in bfloat16 their d
 import torch
 from torch import nn
 
-from .baseline_layers import MLP, Attention, ForCausalLM, PreTrained, RMSNorm, init, model_output, prepare
 from .configuration_hyperconnections import HyperConnectionsConfig
+from .layers import MLP, Attention, ForCausalLM, PreTrained, RMSNorm, init, model_output, prepare
 
 HC_NORM_EPS = torch.finfo(torch.float32).eps
 
@@ -102,12 +102,6 @@ class HyperConnectionsModel(HyperConnectionsPreTrainedModel):
         self.layers = nn.ModuleList([HyperConnectionsBlock(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, cache=None, **kwargs):

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .baseline_layers import MLP, Attention, ForCausalLM, PreTrained, RMSNorm, init, model_output, prepare
 from .configuration_muddformer import MUDDFormerConfig
+from .layers import MLP, Attention, ForCausalLM, PreTrained, RMSNorm, init, model_output, prepare
 
 
 def ffn_width(config, layer_idx: int) -> int:
@@ -101,12 +101,6 @@ class MUDDFormerModel(MUDDFormerPreTrainedModel):
         self.layers = nn.ModuleList([MUDDFormerBlock(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, cache=None, **kwargs):

@@ -1,4 +1,5 @@
-"""Layers shared by the DenseFormer, MUDDFormer and Hyper-Connections exports (shipped as remote code).
+"""Layers shared by the SATFormer, ResFormer, DenseFormer, MUDDFormer and Hyper-Connections exports (shipped as
+remote code beside each modeling file).
 
 Pure PyTorch with scaled_dot_product_attention (no fla, no flash-attn), under the module and weight
 names of the SATFormer authors' models (built on flash-linear-attention's Attention and GatedMLP):
@@ -40,7 +41,7 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def _rotate_half(x):
+def rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
@@ -74,8 +75,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, d]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         groups = self.num_heads // self.num_kv_heads
@@ -153,6 +154,12 @@ class PreTrained(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, (RMSNorm, nn.RMSNorm)) and module.weight is not None:
             init.ones_(module.weight)
+
+    def get_input_embeddings(self):  # the decoder's embeddings (ForCausalLM reaches through .model)
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
 
 
 class ForCausalLM(PreTrained, GenerationMixin):
