@@ -51,6 +51,17 @@ def arch_label(label: str) -> Tuple[str, Dict[str, str]]:
     return arch, (dict(fields) if colon else {})
 
 
+def arch_label_errors(labels) -> List[str]:
+    """arch_label's one-line refusal of each label it does not take (the profilers' --archs check)."""
+    errors = []
+    for label in labels:
+        try:
+            arch_label(label)
+        except ValueError as e:
+            errors.append(str(e))
+    return errors
+
+
 def muddformer_ffn_width(base: int, num_layers: int, layer_number: int, realloc: bool = True) -> int:
     """MUDDFormer's FFN width of 1-based layer_number (param_realloc): 0.5x at layer 1 to 1.5x at layer L of
     base, rounded to the nearest multiple of 256 and at least 256, as the authors' code does at every size."""

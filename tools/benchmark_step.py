@@ -27,21 +27,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 from megatron_sat import compat
-from megatron_sat.archs import ARCH_VARIANTS, ARCHS, arch_label
+from megatron_sat.archs import ARCH_VARIANTS, ARCHS, arch_label_errors
 from megatron_sat.model.sizes import PAPER_SCALES
-
-
-def _label(text: str) -> str:
-    try:
-        arch_label(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--archs", nargs="+", default=list(ARCHS), type=_label,
+    p.add_argument("--archs", nargs="+", default=list(ARCHS),
                    metavar="ARCH[:VARIANT]", help="archs, and variants: satformer:separate / satformer:fused (the "
                    f"SATFormer gate's implementation), ARCH:dot_product (Megatron's attention); all: {list(ARCH_VARIANTS)}")
     p.add_argument("--scale", choices=list(PAPER_SCALES), help="a paper scale instead of the sizes below")
@@ -61,6 +53,8 @@ def main():
                    help="FP8 GEMMs (Transformer Engine on Hopper+; with --bf16; not for the dense baselines)")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
+    for error in arch_label_errors(args.archs):
+        p.error(error)
     if "transformer" not in args.archs:
         p.error("--archs must include transformer (the baseline of the ratios)")
     if args.fp8_format:

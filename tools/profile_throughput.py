@@ -44,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_sat.archs import ARCHS, arch_errors, arch_label  # (import-free: no megatron here)
+from megatron_sat.archs import ARCHS, arch_errors, arch_label, arch_label_errors  # (import-free: no megatron here)
 from megatron_sat.training.arguments import MODEL_CONFIG_KEYS
 
 ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
@@ -117,21 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _is_label(label: str) -> bool:
-    try:
-        arch_label(label)
-        return True
-    except ValueError:
-        return False
-
-
 def _resolve(args, parser) -> dict:
     """The run's settings from recipe/scale + flags; parser.error on anything invalid (no megatron import)."""
-    bad = [a for a in args.archs if not _is_label(a)]
+    bad = arch_label_errors(args.archs)
     if bad:
-        hints = [f"{a}: did you mean {ALIASES[a.lower()]}?" for a in bad if a.lower() in ALIASES]
-        parser.error(f"unknown arch(s) {', '.join(bad)}; available: {', '.join(ARCHS)}, and satformer:separate / "
-                     "satformer:fused (the gate's implementation)" + (f" ({'; '.join(hints)})" if hints else ""))
+        hints = [f"{a}: did you mean {ALIASES[a.lower()]}?" for a in args.archs if a.lower() in ALIASES]
+        parser.error("\n  ".join(bad) + (f" ({'; '.join(hints)})" if hints else ""))
     if len(set(args.archs)) != len(args.archs):
         parser.error(f"--archs lists an arch twice: {' '.join(args.archs)}")
     if args.baseline not in args.archs:
