@@ -28,6 +28,9 @@ def _config(**overrides):
          "arch 'muddformer' carries every earlier layer's output"),
         (dict(arch="hyperconnections", fp8="hybrid"), "FP8 is not supported for the hyperconnections baseline"),
         (dict(arch="hyperconnections", hc_expansion_rate=0), r"hc_expansion_rate must be >= 1 \(got 0\)"),
+        (dict(qk_norm_eps=0.0), r"qk_norm_eps must be > 0 \(got 0.0\)"),
+        (dict(local_attention="flash"), "unknown local_attention 'flash'"),
+        (dict(value_residual_gate_impl="triton"), "value_residual_gate_impl"),
     ],
 )
 def test_bad_model_config(overrides, message):

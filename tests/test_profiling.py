@@ -156,3 +156,14 @@ def test_bad_arguments(argv, message, capsys, monkeypatch):
         tool.main(argv + ["--out", "/nonexistent/never_written"])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_gpu_check_refuses_without_cuda(tmp_path):
+    """tools/gpu_check.sh on a machine without CUDA: one line saying so, exit 2, nothing installed or written."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "gpu_check"
+    proc = subprocess.run(["bash", os.path.join(repo, "tools", "gpu_check.sh"), str(out)], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHON=sys.executable), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA device visible" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()

@@ -22,16 +22,15 @@ cd "$(dirname "$0")/.."
 out=${1:-${OUT:-runs/gpu_check}}
 wheels=${MSAT_WHEELS:-.whl}
 py=${PYTHON:-python3}
+if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA device visible to $py (torch missing or CPU-only); run it on a GPU machine" >&2
+  exit 2
+fi
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
 say() { echo "$*" | tee -a "$summary"; }
 status=0
-
-if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "gpu_check: no CUDA device visible to $py (torch missing or CPU-only); run it on a GPU machine" >&2
-  exit 2
-fi
 
 # --- offline dependencies: module name -> wheel (project name) ------------------------------------------------
 missing=()

@@ -100,6 +100,8 @@ class SATConfig(TransformerConfig):
         if self.local_attention not in LOCAL_ATTENTION:
             raise ValueError(f"unknown local_attention {self.local_attention!r}; choose one of "
                              f"{', '.join(LOCAL_ATTENTION)}")
+        if not self.qk_norm_eps > 0:
+            raise ValueError(f"qk_norm_eps must be > 0 (got {self.qk_norm_eps}); the authors' q/k norms use 1e-5")
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
         if self.value_residual_gate not in GATES:
