@@ -19,22 +19,16 @@ export PIP_NO_INPUT := 1
 export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-REQS := requirements/base.txt requirements/hf.txt requirements/train.txt requirements/eval.txt requirements/dev.txt
-
 .PHONY: venv test lint demo clean gpu-wheels
 
 venv: $(STAMP)
 
-# 1. create (or reuse) the venv; 2. torch and the other requirements (torch pinned by PIP_CONSTRAINT);
-# 3. megatron-core without its metadata checks (its 0.19.x wheels say Requires-Python>=3.12; the cp311 wheel works
-#    on 3.11); 4. this package in editable mode with --no-deps, so pip never re-resolves megatron-core.
-$(STAMP): setup.py constraints.txt Makefile $(REQS)
+# 1. create (or reuse) the venv; 2. the CPU torch (pinned by PIP_CONSTRAINT); 3. docker/install.sh, the same script
+#    the container runs: megatron-core and this package (editable, extras dev) without touching that torch.
+$(STAMP): pyproject.toml setup.py constraints.txt Makefile docker/install.sh
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q $(foreach r,$(REQS),-r $(r))
-	$(PIP) install -q --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION)
-	$(PIP) install -q --no-deps --no-build-isolation -e . || $(PIP) install -q --no-deps -e .
-	$(VPY) -W ignore -c "import torch, megatron.core, megatron_sat; print('torch', torch.__version__, '| megatron-core', megatron.core.__version__)"
+	PYTHON=$(VPY) MSAT_EXTRAS=dev MSAT_EDITABLE=1 bash docker/install.sh
 	@touch $(STAMP)
 
 lint: venv

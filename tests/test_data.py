@@ -9,8 +9,8 @@ import numpy
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="needs requirements/hf.txt (transformers, tokenizers)")
-pytest.importorskip("tokenizers", reason="needs requirements/hf.txt (transformers, tokenizers)")
+pytest.importorskip("transformers", reason="needs the hf extra (transformers, tokenizers)")
+pytest.importorskip("tokenizers", reason="needs the hf extra (transformers, tokenizers)")
 
 from megatron_sat.data import (  # noqa: E402
     DistributedBatchSampler,

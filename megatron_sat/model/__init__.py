@@ -1,0 +1,1 @@
+"""The six architectures as Megatron-Core layer specs: config, layers, attention, V1 and history transport."""

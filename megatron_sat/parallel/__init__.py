@@ -1,0 +1,1 @@
+"""Parallel layouts: validation and process groups, the pipeline schedule, gradient finalisation."""
