@@ -1,6 +1,10 @@
-# Shared body of megatron-sat's sbatch scripts (sourced by train.sbatch, array.sbatch, profile.sbatch).
+# Shared body of megatron-sat's sbatch scripts (sourced by train.sbatch, array.sbatch, profile.sbatch,
+# preprocess.sbatch). They run from an installed package (megatron-sat-submit-grid passes MSAT_SLURM_DIR, the
+# folder of these files) or from a source checkout (python tools/submit_grid.py also passes MSAT_REPO).
 #
-#   msat_init                       repo, site settings (slurm/site.sh or $MSAT_SITE), MASTER_ADDR/PORT
+#   msat_init                       work folder, site settings ($MSAT_SITE or site.sh here), container, MASTER_ADDR/PORT
+#   msat_python ARGS...             one short Python command where the ranks run (inside the container if any)
+#   msat_tool NAME ARGS...          a tool of tools/ (tools/NAME.py of the checkout, or the installed megatron_sat_tools.NAME)
 #   msat_train RECIPE [FLAGS...]    one training run: run folder from the hyperparameters, resume, requeue
 #
 # Launch model: one task per GPU through srun (not one torchrun per node). Slurm then starts, tracks and
@@ -21,14 +25,24 @@
 msat_die() { echo "megatron-sat slurm: error: $*" >&2; exit 2; }
 
 msat_init() {
-    MSAT_REPO=${MSAT_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
-    [ -f "$MSAT_REPO/megatron_sat/train.py" ] || msat_die "MSAT_REPO=$MSAT_REPO is not the megatron-sat repository (submit from the repository root or export MSAT_REPO)"
-    cd "$MSAT_REPO" || msat_die "cannot cd to $MSAT_REPO"
-    local site=${MSAT_SITE:-$MSAT_REPO/slurm/site.sh}
+    MSAT_SLURM_DIR=${MSAT_SLURM_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
+    if [ -z "${MSAT_REPO:-}" ] && [ -f "$MSAT_SLURM_DIR/../megatron_sat/train.py" ]; then
+        MSAT_REPO=$(cd "$MSAT_SLURM_DIR/.." && pwd)  # these scripts are a checkout's slurm/ folder
+    fi
+    if [ -n "${MSAT_REPO:-}" ]; then  # a source checkout: its code first on the path
+        [ -f "$MSAT_REPO/megatron_sat/train.py" ] || msat_die "MSAT_REPO=$MSAT_REPO is not a megatron-sat checkout (unset it to use the installed package)"
+        export PYTHONPATH="$MSAT_REPO${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    # the jobs run where they were submitted from: relative paths (runs, logs, data) mean the same as there
+    MSAT_WORKDIR=${MSAT_WORKDIR:-${SLURM_SUBMIT_DIR:-$PWD}}
+    cd "$MSAT_WORKDIR" || msat_die "cannot cd to $MSAT_WORKDIR"
+    local site=${MSAT_SITE:-$MSAT_SLURM_DIR/site.sh}
     [ -f "$site" ] || msat_die "site settings $site not found"
     # shellcheck disable=SC1090
     source "$site"
     msat_site_setup
+    msat_container
+    msat_python -c "import megatron_sat" 2>/dev/null || msat_die "megatron-sat does not import with $MSAT_PYTHON${MSAT_CONTAINER_IMAGE:+ in $MSAT_CONTAINER_IMAGE}: install it there (docs/install.md) or set MSAT_PYTHON in $site"
     # sbatch exports the submitting shell's environment: torchrun-style variables left there would give every
     # task the same rank, so ranks come from Slurm only, and the master from this job's node list.
     unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
@@ -39,12 +53,38 @@ msat_init() {
     addr=$(scontrol show node "$first" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
     export MASTER_ADDR=${MSAT_MASTER_ADDR:-${addr:-${first:-$(hostname)}}}
     export MASTER_PORT=${MSAT_MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}
-    export PYTHONPATH="$MSAT_REPO${PYTHONPATH:+:$PYTHONPATH}"
     MSAT_SIGNAL=""
     MSAT_STEP_PID=""
     trap 'msat_on_usr1' USR1
     MSAT_REQUEUED=0
     trap '[ "$MSAT_REQUEUED" = 1 ] && exit 0; MSAT_SIGNAL=${MSAT_SIGNAL:-TERM}; echo "megatron-sat slurm: SIGTERM (cancel or preemption) at $(date +%T)"' TERM
+}
+
+msat_container() {  # srun flags (pyxis) or a command prefix (apptainer) from the site's container settings
+    MSAT_SRUN_CONTAINER=()
+    MSAT_EXEC=()
+    [ -n "${MSAT_CONTAINER_IMAGE:-}" ] || return 0
+    case "${MSAT_CONTAINER_RUNTIME:-pyxis}" in
+        pyxis) MSAT_SRUN_CONTAINER=(--container-image="$MSAT_CONTAINER_IMAGE" --container-workdir="$PWD"
+                                    ${MSAT_CONTAINER_MOUNTS:+--container-mounts="$MSAT_CONTAINER_MOUNTS"}) ;;
+        apptainer | singularity) MSAT_EXEC=("$MSAT_CONTAINER_RUNTIME" exec --nv --pwd "$PWD"
+                                            ${MSAT_CONTAINER_MOUNTS:+--bind "$MSAT_CONTAINER_MOUNTS"} "$MSAT_CONTAINER_IMAGE") ;;
+        *) msat_die "MSAT_CONTAINER_RUNTIME=$MSAT_CONTAINER_RUNTIME: use pyxis or apptainer" ;;
+    esac
+}
+
+msat_python() {  # one short Python command where the ranks run (a pyxis container needs a one-task srun step)
+    if [ ${#MSAT_SRUN_CONTAINER[@]} -gt 0 ]; then
+        srun --nodes=1 --ntasks=1 --export=ALL "${MSAT_SRUN_CONTAINER[@]}" "$MSAT_PYTHON" "$@"
+    else
+        "${MSAT_EXEC[@]}" "$MSAT_PYTHON" "$@"
+    fi
+}
+
+msat_tool() {  # msat_tool NAME ARGS...: a command-line tool of tools/ (the checkout's, else the installed one)
+    local name=$1
+    shift
+    if [ -n "${MSAT_REPO:-}" ]; then msat_python "$MSAT_REPO/tools/$name.py" "$@"; else msat_python -m "megatron_sat_tools.$name" "$@"; fi
 }
 
 msat_on_usr1() {
@@ -76,7 +116,7 @@ msat_train() {
     local recipe=$1
     shift
     local resolved
-    resolved=$("$MSAT_PYTHON" "$MSAT_REPO/tools/submit_grid.py" --resolve "$recipe" -- "$@") || msat_die "cannot resolve recipe $recipe $*"
+    resolved=$(msat_tool submit_grid --resolve "$recipe" -- "$@") || msat_die "cannot resolve recipe $recipe $*"
     local RUN_NAME TRAIN_ITERS NEEDS_DATA
     eval "$resolved"
     local run_dir=${MSAT_RUN_DIR:-$MSAT_RUNS/$RUN_NAME}
@@ -99,9 +139,9 @@ msat_train() {
     echo "megatron-sat slurm: run $run_dir from step $start of $TRAIN_ITERS${MSAT_SWEEP:+ (sweep $MSAT_SWEEP: wandb group, config.json)}"
     local cmd=("$MSAT_PYTHON" -m megatron_sat.train --recipe "$recipe" "$@" "${extra[@]}"
                --save "$run_dir" --load "$run_dir" --no-progress-bar)
-    echo "megatron-sat slurm: srun ${cmd[*]}"
+    echo "megatron-sat slurm: srun ${MSAT_SRUN_CONTAINER[*]} ${MSAT_EXEC[*]} ${cmd[*]}"
     # shellcheck disable=SC2086
-    srun --kill-on-bad-exit=1 --export=ALL $MSAT_SRUN_EXTRA "${cmd[@]}" &
+    srun --kill-on-bad-exit=1 --export=ALL "${MSAT_SRUN_CONTAINER[@]}" $MSAT_SRUN_EXTRA "${MSAT_EXEC[@]}" "${cmd[@]}" &
     MSAT_STEP_PID=$!
     msat_wait_step
     local rc=$MSAT_RC now

@@ -17,8 +17,10 @@ over a manifest file, one entry per line); each task resumes from its run folder
 the time limit. --segments N instead submits each array N times, each --dependency=afterany on the one
 before, with self-requeue off (for clusters that forbid requeue or cap restarts).
 
-Site settings (account, partition, logs and runs folders, GPUs or not): slurm/site.sh, or the file named
-by $MSAT_SITE. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
+Site settings (account, partition, logs and runs folders, container, GPUs or not): the file named by $MSAT_SITE,
+else site.sh beside the sbatch scripts (`--slurm-dir` prints their folder: slurm/ in a checkout, inside the
+installed package otherwise). Relative paths (runs, logs) are relative to the current folder, where the jobs run
+too. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
 GPU hours come from the FLOPs count (megatron_sat.model.flops: 3 x forward, attention included) at an
 assumed MFU (--mfu, default 0.40).
 """
@@ -32,8 +34,12 @@ import sys
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+# the sbatch scripts: inside the installed package (megatron_sat_tools/slurm), or the checkout's slurm/ folder
+SLURM_DIR = next(d for d in (os.path.join(HERE, "slurm"), os.path.join(ROOT, "slurm")) if os.path.isdir(d))
+CHECKOUT = os.path.isfile(os.path.join(ROOT, "megatron_sat", "train.py")) and os.path.basename(HERE) == "tools"
 
 # trainer arguments that do not change what a run computes: left out of its folder name, so that a run can
 # be resumed under another layout, batch split, logging or checkpoint cadence.
@@ -79,7 +85,7 @@ def needs_data(args) -> bool:
 def site_settings(site: str) -> dict:
     """Values of the site file (sourced by bash): MSAT_* and SBATCH_* variables."""
     script = f'set -a && source {shlex.quote(site)} >/dev/null && env -0'  # set -a: export what it sets
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
     return {k: v for k, v in env.items() if k.startswith(("MSAT_", "SBATCH_"))}
 
@@ -185,7 +191,7 @@ def sbatch_args(key, n, site, opts, manifest, dependency=None):
     if dependency:
         args.append(f"--dependency=afterany:{dependency}")
     args += shlex.split(site.get("MSAT_SBATCH_EXTRA", ""))
-    return args + [os.path.join("slurm", "array.sbatch"), manifest]
+    return args + [os.path.join(SLURM_DIR, "array.sbatch"), manifest]
 
 
 def main(argv=None) -> int:
@@ -212,7 +218,12 @@ def main(argv=None) -> int:
     mode.add_argument("--dry-run", action="store_true", help="print the table and sbatch lines (default)")
     mode.add_argument("--submit", action="store_true", help="write the manifests and submit")
     mode.add_argument("--resolve", metavar="RECIPE", help="print RUN_NAME, TRAIN_ITERS, NEEDS_DATA for the shell")
+    mode.add_argument("--slurm-dir", action="store_true", help="print the folder of the sbatch scripts and site.sh")
     opts = p.parse_args(argv)
+
+    if opts.slurm_dir:
+        print(SLURM_DIR)
+        return 0
 
     if opts.resolve:
         try:
@@ -224,7 +235,11 @@ def main(argv=None) -> int:
         return 0
 
     warnings.filterwarnings("ignore")
-    site_file = os.environ.get("MSAT_SITE", os.path.join(ROOT, "slurm", "site.sh"))
+    site_file = os.path.abspath(os.environ.get("MSAT_SITE", os.path.join(SLURM_DIR, "site.sh")))
+    if not os.path.isfile(site_file):
+        print(f"error: site settings {site_file} not found: set MSAT_SITE to your copy of "
+              f"{os.path.join(SLURM_DIR, 'site.sh')}", file=sys.stderr)
+        return 2
     site = site_settings(site_file)
     rows, groups = build(opts, trainer_flags)
     print(table(rows))
@@ -233,7 +248,7 @@ def main(argv=None) -> int:
         print(f"\nerror: {len(invalid)} invalid plan(s); see tools/plan_layout.py --recipe NAME", file=sys.stderr)
         return 1
     runs_dir = site.get("MSAT_RUNS", "runs")
-    manifest_dir = os.path.join(runs_dir if os.path.isabs(runs_dir) else os.path.join(ROOT, runs_dir), "_grid")
+    manifest_dir = os.path.join(os.path.abspath(runs_dir), "_grid")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     from megatron_sat.analysis.grid import check_sweep_name, record_sweep
 
@@ -243,12 +258,17 @@ def main(argv=None) -> int:
         print(f"error: --sweep: {e}", file=sys.stderr)
         return 2
     submitted = []
-    print(f"\n# site settings: {site_file}; run from {ROOT}")
+    print(f"\n# site settings: {site_file}; jobs run in {os.getcwd()}")
     logs = site.get("MSAT_LOGS", "logs")
     if opts.submit:
         os.makedirs(manifest_dir, exist_ok=True)
-        os.makedirs(logs if os.path.isabs(logs) else os.path.join(ROOT, logs), exist_ok=True)
-    env = dict(os.environ, MSAT_REPO=ROOT, MSAT_SITE=site_file, MSAT_SWEEP=sweep)
+        os.makedirs(logs, exist_ok=True)
+    # the jobs find launch.sh through MSAT_SLURM_DIR, this checkout's code through MSAT_REPO, and run under this
+    # Python unless the site file or the environment names another (a container uses its own)
+    env = dict(os.environ, MSAT_SLURM_DIR=SLURM_DIR, MSAT_SITE=site_file, MSAT_SWEEP=sweep)
+    env.setdefault("MSAT_PYTHON", sys.executable)
+    if CHECKOUT:
+        env["MSAT_REPO"] = ROOT
     for i, (key, members) in enumerate(groups.items()):
         manifest = os.path.join(manifest_dir, f"{sweep}-{key[0]}-{stamp}-{i}.txt")
         lines = [shlex.join([r["recipe"], *r["flags"]]) for r in members]
@@ -266,7 +286,7 @@ def main(argv=None) -> int:
                 print(shlex.join(["sbatch", *shown]) + dep)
                 continue
             proc = subprocess.run(["bash", "-c", 'source "$MSAT_SITE" >/dev/null && exec sbatch --parsable "$@"',
-                                   "sbatch", *cmd], cwd=ROOT, env=env, capture_output=True, text=True)
+                                   "sbatch", *cmd], env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"error: sbatch failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
                 if submitted:
