@@ -3,6 +3,7 @@
     python tools/collect_grid.py runs --out runs_summary/grid                 # every run below runs/
     python tools/collect_grid.py runs --sweep ladder --out docs/ladder        # the runs of one sweep
     python tools/collect_grid.py runs --status                                # a sweep in progress
+    python tools/collect_grid.py runs --sweep ladder --wait --out docs/ladder # once its Slurm jobs have ended
 
 Exit codes: 0 written (or status printed), 2 bad input: one line naming the file or folder, and nothing written.
 Outputs are made in a temporary folder beside OUT and moved in only once all of them exist.
@@ -27,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--status", action="store_true",
                    help="print each run's status, step / total, ETA, last loss and Slurm job instead")
     p.add_argument("--sweep", help="only the runs of this sweep (tools/submit_grid.py --sweep)")
+    p.add_argument("--wait", action="store_true",
+                   help="with --sweep: first wait until none of the sweep's Slurm jobs is queued or running "
+                        "(squeue polled every 5 s, backing off to 60 s)")
     p.add_argument("--fit-params", choices=["non_embedding", "total"], default="non_embedding",
                    help="x of L(N): non-embedding parameters (Kaplan) or all parameters")
     p.add_argument("--bootstrap", type=int, default=300, help="bootstrap resamples over seeds for the fits")
@@ -94,11 +98,35 @@ def _wandb(opts, out, rows, summary, paths, log) -> None:
     log(f"wandb: {mode} summary run in {out}/wandb (group {group})")
 
 
+def _wait(opts, log) -> None:
+    """Return once none of the sweep's recorded Slurm jobs (array tasks, requeued jobs) is in squeue."""
+    delay, since = 5.0, time.time()
+    while True:
+        records = [s for s in grid.sweep_records(opts.runs) if s["sweep"] == opts.sweep]
+        if not records:
+            raise grid.GridError(f"--wait: no record of sweep {opts.sweep!r} below {', '.join(opts.runs)} "
+                                 "(<runs>/_grid/<sweep>.json, written by submit_grid --submit)")
+        jobs = {str(j) for r in records for a in r["arrays"] for j in a.get("jobs") or [a["job"]]}
+        queue = grid.squeue_states()
+        if queue is None:
+            raise grid.GridError("--wait: squeue does not answer (run this where Slurm's commands work)")
+        live = sorted({j.split("_")[0] for j in queue} & jobs)
+        if not live:
+            log(f"collect_grid: no job of sweep {opts.sweep} is queued or running ({time.time() - since:.0f} s waited)")
+            return
+        log(f"collect_grid: waiting for job(s) {', '.join(live)} of sweep {opts.sweep} ...")
+        time.sleep(delay)
+        delay = min(60.0, delay * 1.5)
+
+
 def main(argv=None) -> int:
     opts = _parser().parse_args(argv)
     log = (lambda text: None) if opts.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
     if not opts.status and not opts.out:
         print("collect_grid: error: give --out OUT (or --status)", file=sys.stderr)
+        return 2
+    if opts.wait and not opts.sweep:
+        print("collect_grid: error: --wait needs --sweep NAME (the sweep whose jobs to wait for)", file=sys.stderr)
         return 2
     try:
         if opts.out:
@@ -106,6 +134,8 @@ def main(argv=None) -> int:
 
             for path in opts.runs:
                 check_output("--out", opts.out, {"RUNS_DIR": path})
+        if opts.wait:
+            _wait(opts, log)
         paths = grid.find_runs(opts.runs)
         log(f"collect_grid: {len(paths)} run folder(s) below {', '.join(opts.runs)}")
         slurm = grid.squeue_states()

@@ -79,6 +79,28 @@ def task_manager(include_paths: tuple, defaults: bool = True):
     return TaskManager(include_path=list(include_paths) or None, include_defaults=defaults)
 
 
+def task_files(tasks: Sequence[str], include_paths: Sequence[str]):
+    """(task names, include paths) with every task given as a path to a task YAML file (as lm-eval's own --tasks
+    takes it) replaced by its task name, its folder added to the include paths."""
+    names, paths = [], list(include_paths)
+    for task in tasks:
+        if task.endswith((".yaml", ".yml")) and os.path.isfile(task):
+            from lm_eval.tasks._yaml_loader import load_yaml
+
+            try:
+                name = load_yaml(task, resolve_func=False).get("task")
+            except Exception as e:
+                raise EvaluationError(f"cannot read task file {task}: {e}") from e
+            if not isinstance(name, str):
+                raise EvaluationError(f"{task} defines no task (it needs a `task: NAME` line)")
+            folder = os.path.dirname(os.path.abspath(task))
+            names.append(name)
+            paths += [folder] if folder not in paths else []
+        else:
+            names.append(task)
+    return names, paths
+
+
 def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missing: bool, log=print):
     """(lm-eval task specs, TaskManager, skipped task names)."""
     local = local_task_configs(include_paths)
@@ -116,6 +138,7 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
         raise EvaluationError("give a Hugging Face model folder or a Megatron checkpoint, not both")
     if model_dir is not None and not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise EvaluationError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
+    tasks, include_paths = task_files(tasks, include_paths)
     specs, manager, skipped = resolve_tasks(tasks, include_paths, skip_missing, log)
     if not specs:
         raise EvaluationError("no task left to run")
