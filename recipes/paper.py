@@ -5,7 +5,7 @@ the baselines denseformer / muddformer / hyperconnections, and scale in 130M / 3
     python tools/plan_layout.py --recipe satformer_1.3B --nodes 2 --micro-batch-size 2            # check a layout
     python tools/submit_grid.py --archs satformer,resformer --scales 760M --seeds 1,2 --dry-run    # Slurm
 
-Everything comes from shared/reference/satformer.md through two tables:
+Everything comes from the authors' configs (arXiv 2605.03953 and their code) through two tables:
     megatron_sat.model.sizes.PAPER_SCALES   model shapes (d_model, layers, heads, KV heads, FFN)
     SCHEDULES below                          peak lr, warmup tokens and token budget per scale
 and one shared base (recipes.base: AdamW 0.9/0.95, wd 0.1, clip 1.0, linear warmup + cosine to 0.1 x lr).
@@ -51,7 +51,7 @@ The authors have no xl (1.3B) config for these three baselines. Their 1.3B recip
 grid: the xl shape above and the xl lr 8e-4 of the authors' non-Transformer archs (their Transformer alone uses
 5e-4); they are this project's choice, not a published configuration.
 Limits: no FP8 for the baselines, DenseFormer / MUDDFormer refuse full activation recompute (every recipe here
-uses selective), and HF conversion does not support them.
+uses selective). All six archs convert to and from Hugging Face (tools/convert_to_hf.py) in the authors' formats.
 
 Cluster layout: every recipe has a default `CLUSTERS[scale]` (nodes, GPUs per node, GPU kind, a time limit per
 job) next to its TP/PP/micro-batch settings (trainer flags in the recipe itself). The layouts were checked with

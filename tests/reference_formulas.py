@@ -1,7 +1,7 @@
 """The paper's formulas in plain PyTorch: the reference that tests/test_model_math.py compares the
 Megatron model with, forward (logits) and backward (autograd through these functions).
 
-Written from ../shared/reference/satformer.md alone (no Megatron code): pre-norm RMSNorm blocks,
+Written from the paper's formulas alone (arXiv 2605.03953; docs/architectures.md; no Megatron code): pre-norm RMSNorm blocks,
 per-head QK RMSNorm (eps 1e-5, the others 1e-6), rotate-half RoPE (theta 1e4), causal GQA attention, SwiGLU, tied embeddings,
 and the value residual
 

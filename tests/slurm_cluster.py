@@ -13,7 +13,7 @@ takes the rendezvous address from the first node's NodeAddr).
 Standalone (start, print how to use it, stop on Enter):
     .venv/bin/python tests/slurm_cluster.py
 
-What it does (the recipe of shared/reference/cpu-machines.md, "A real Slurm on one machine"):
+What it does (Slurm 22.05 from Debian, set up by hand without systemd):
   * `apt-get install slurmctld slurmd slurm-client munge` only when a binary is missing; raises
     SlurmUnavailable (tests skip with its reason) only when apt-get cannot reach the package registry.
   * munged runs as the munge user with its own key, socket, pid, log and seed files in ROOT/munge; Slurm

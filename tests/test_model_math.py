@@ -1,7 +1,7 @@
 """The Megatron model computes the paper's formulas, forward and backward, and starts from the
 documented initial values.
 
-tests/reference_formulas.py writes every arch from ../shared/reference/satformer.md in plain PyTorch.
+tests/reference_formulas.py writes every arch from the paper's formulas (docs/architectures.md) in plain PyTorch.
 One process builds each variant (all six archs, every SATFormer gate function) in float64 and
 randomises every weight, norms included, so that reading the wrong tensor shows; then
 

@@ -148,7 +148,7 @@ def resolve_hub_dataset(name: str) -> str:
         if not hub_reachable():
             raise FileNotFoundError(
                 f"input {name} is neither a local path nor a dataset in the local Hugging Face hub cache, and the hub "
-                "cannot be reached (offline): download it first (huggingface-cli download --repo-type dataset "
+                "cannot be reached (offline): download it first (hf download --repo-type dataset "
                 f"{repo}) or pass local files")
         return STREAM_PREFIX + name
     path = os.path.join(folder, sub) if sub else folder

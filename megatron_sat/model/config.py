@@ -1,7 +1,7 @@
 """Model configuration: Megatron's TransformerConfig plus the fields that select the architecture.
 
 `SATConfig` is a TransformerConfig (so every Megatron module accepts it) with extra fields for
-SATFormer and its baselines (../shared/reference/satformer.md):
+SATFormer and its baselines (the paper, arXiv 2605.03953, and the authors' code; docs/architectures.md):
     transformer        Megatron's Llama-style GPT, untouched
     resformer          V' = lambda1 V1 + lambda2 V                 (megatron_sat.model.attention)
     satformer          V' = V + ReLU(x W_alpha) V1                 (megatron_sat.model.attention)
@@ -9,7 +9,7 @@ SATFormer and its baselines (../shared/reference/satformer.md):
     muddformer         dynamic dense connections, 4 ways (Q,K,V,R)  (megatron_sat.model.muddformer)
     hyperconnections   n residual streams, dynamic tanh weights     (megatron_sat.model.hyperconnections)
  `make_config` fills in the paper's Llama-style defaults
-(../shared/reference/satformer.md): RMSNorm eps 1e-6 (q/k norms 1e-5), QK-norm, SwiGLU, no biases, init std 0.02.
+(docs/architectures.md): RMSNorm eps 1e-6 (q/k norms 1e-5), QK-norm, SwiGLU, no biases, init std 0.02.
 
 Which layers mix V1 (1-based global layer numbers, L layers):
     layer 1            produces V1 (its raw value projection), never mixes

@@ -1,6 +1,6 @@
 """The paper's model sizes and an exact parameter count for any config.
 
-PAPER_SCALES are the SATFormer authors' grid (../shared/reference/satformer.md) with their defects
+PAPER_SCALES are the SATFormer authors' grid (their configs; docs/recipes_slurm.md) with their defects
 fixed: xl uses 32 heads (their SATFormer xl file says 24, and 2048 / 24 is not a whole head size),
 and every arch is multi-head (their Transformer medium alone used 4 KV heads), so that archs at one
 scale differ only in the value residual.
