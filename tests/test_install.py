@@ -10,7 +10,7 @@ README's cluster walkthrough run as written on a real two-node Slurm.
     a folder outside the repository: train three steps (the debug recipes warm up for two), submit_grid
     --dry-run, convert_to_hf, plan_layout;
   * docker/install.sh (what the container runs) in a fresh venv that already has torch: megatron-core and the
-    package with its extras, torch untouched, then the same commands;
+    package with the hf extra, torch untouched, then the same commands;
   * the README's "On a Slurm cluster" block, read from README.md and run by bash as written (scales 760M ->
     ladder1, the CPU settings MSAT_GPUS=0 and MSAT_CPUS_PER_TASK=1 from the environment, CORPUS, TOKENIZER and
     TASKS set as the README asks) with the wheel's venv first on PATH, in a folder outside the repository, on a
@@ -145,7 +145,9 @@ def test_container_install_script_keeps_torch(tmp_path):
     stamp = os.stat(torch_file).st_mtime_ns
     # pip inside the fresh venv: the script calls `$PYTHON -m pip`
     _run([str(python), "-m", "ensurepip"], "/", env)
-    out = _run(["bash", os.path.join(ROOT, "docker", "install.sh")], "/", dict(env, PYTHON=str(python)),
+    # extras hf only (what the smoke commands need): the script's logic is the same for any extras, and the
+    # default's lm-eval, wandb, scipy and matplotlib would add minutes of installing to every CI run
+    out = _run(["bash", os.path.join(ROOT, "docker", "install.sh")], "/", dict(env, PYTHON=str(python), MSAT_EXTRAS="hf"),
                timeout=1200)
     assert "torch 2.13.0" in out.stdout and "(kept)" in out.stdout, out.stdout[-2000:]
     assert os.stat(torch_file).st_mtime_ns == stamp, "docker/install.sh reinstalled torch"
@@ -182,7 +184,8 @@ def test_readme_cluster_walkthrough_as_written(cluster, wheel_venv, tmp_path):
     with open(corpus, "w") as f:
         for _, text in default_corpus_documents(("topics",)):
             f.write(json.dumps({"text": text}) + "\n")
-    tokenizer = train_bpe_tokenizer([str(corpus)], 1024, str(inputs / "tokenizer"))
+    tokenizer = str(inputs / "tokenizer")
+    train_bpe_tokenizer([str(corpus)], 1024, tokenizer)
     block = walkthrough_block()
     assert "760M" in block
     script = "set -euo pipefail\n" + block.replace("760M", "ladder1")  # the only edit: CPU-sized recipes
@@ -211,3 +214,38 @@ def test_readme_cluster_walkthrough_as_written(cluster, wheel_venv, tmp_path):
     assert "megatron_sat_tiny_mc" in json.dumps(scores["results"])
     assert json.load(open(work / "hf" / "satformer_ladder1" / "config.json"))["model_type"] == "SATFormer"
     assert re.search(r"^run .* ETA ", proc.stdout, flags=re.M), proc.stdout[-3000:]  # 5. the status table
+
+
+def test_install_and_sweep_tools_refuse_bad_input(tmp_path, capsys):
+    """One line, exit 2: install.sh without torch, a missing site file, --wait without a sweep or its record."""
+    from megatron_sat.analysis import collect
+
+    env = _clean_env(PYTHON="/usr/bin/python3.11" if os.path.exists("/usr/bin/python3.11") else "python3")
+    proc = _run(["bash", os.path.join(ROOT, "docker", "install.sh")], str(tmp_path), env, ok=False)
+    assert proc.returncode == 2 and "install torch first" in proc.stderr, proc.stderr
+    proc = _run([sys.executable, os.path.join(ROOT, "tools", "submit_grid.py"), "--scales", "debug", "--submit"],
+                str(tmp_path), _clean_env(MSAT_SITE=str(tmp_path / "nowhere.sh")), ok=False)
+    assert proc.returncode == 2 and "set MSAT_SITE to your copy of" in proc.stderr, proc.stderr
+    assert collect.main([str(tmp_path), "--status", "--wait"]) == 2
+    assert "--wait needs --sweep" in capsys.readouterr().err
+    (tmp_path / "runs").mkdir()
+    assert collect.main([str(tmp_path / "runs"), "--status", "--wait", "--sweep", "nope", "-q"]) == 2
+    assert "no record of sweep 'nope'" in capsys.readouterr().err
+
+
+def test_status_of_a_sweep_whose_jobs_have_not_started(tmp_path, capsys):
+    """Right after submit_grid --submit there is a sweep record and no run folder: --status lists the entries,
+    --out says that nothing has started (exit 2)."""
+    from megatron_sat.analysis import collect, grid
+
+    runs = tmp_path / "runs"
+    (runs / "_grid").mkdir(parents=True)
+    entries = [dict(recipe=f"{a}_ladder1", arch=a, scale="ladder1", seed=1, run=f"{a}_ladder1_x") for a in
+               ("transformer", "satformer")]
+    grid.record_sweep(str(runs / "_grid"), "fresh", [dict(job="424242", jobs=["424242"], manifest="m", entries=entries)])
+    assert collect.main([str(runs), "--sweep", "fresh", "--status", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer_ladder1_x" in out and "satformer_ladder1_x" in out, out
+    assert collect.main([str(runs), "--sweep", "fresh", "--out", str(tmp_path / "out"), "-q"]) == 2
+    assert "no run of sweep fresh has started yet" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

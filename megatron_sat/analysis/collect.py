@@ -152,6 +152,10 @@ def main(argv=None) -> int:
     if opts.status:
         print(grid.status_table(rows, pending))
         return 0
+    if not rows:
+        print(f"collect_grid: error: no run of {f'sweep {opts.sweep}' if opts.sweep else 'the folders given'} has "
+              "started yet (--status shows the queue)", file=sys.stderr)
+        return 2
     from megatron_sat.analysis import grid_figures, grid_table
 
     counts = {}

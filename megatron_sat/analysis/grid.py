@@ -52,7 +52,8 @@ class GridError(ValueError):
 
 # ---------------------------------------------------------------------------------------------- finding runs
 def find_runs(folders: Iterable[str]) -> List[str]:
-    """Every run folder (config.json or metrics.jsonl in it) at or below each folder, sorted."""
+    """Every run folder (config.json or metrics.jsonl in it) at or below each folder, sorted. A folder with none is
+    an error unless it holds a sweep's record (submitted, no job started yet)."""
     found = []
     for top in folders:
         if not os.path.isdir(top):
@@ -64,8 +65,8 @@ def find_runs(folders: Iterable[str]) -> List[str]:
                 dirs[:] = []  # checkpoints, wandb and caches below a run are not runs
                 continue
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("iter_"))
-        if not mine:
-            raise GridError(f"{top}: no run folder (config.json + metrics.jsonl) below it")
+        if not mine and not glob.glob(os.path.join(top, "**", "_grid", "*.json"), recursive=True):
+            raise GridError(f"{top}: no run folder (config.json + metrics.jsonl) below it")  # nor a sweep's record
         found += mine
     return sorted(dict.fromkeys(os.path.abspath(f) for f in found))
 
