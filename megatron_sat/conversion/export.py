@@ -63,8 +63,8 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
         check_output("--output", output, {"--load": load})
     except ValueError as e:
         raise ConversionError(str(e)) from None
+    iter_dir, run_dir = megatron_io.find_checkpoint(load, verify=verify_checkpoint, log=log)  # before any set-up
     megatron_io.init_single_process()
-    iter_dir, run_dir = megatron_io.find_checkpoint(load, verify=verify_checkpoint, log=log)
     args, run_config = megatron_io.recorded_config(iter_dir, run_dir)
     metadata = megatron_io.tensor_metadata(iter_dir)
     spec = megatron_io.spec_from_args(args, metadata)
