@@ -5,7 +5,9 @@
     python tools/convert_to_hf.py --load runs/satformer/iter_0002000 --output hf/sat-2k --dtype bfloat16 --verify
 
 --load is a run folder (its latest complete iteration, per latest_checkpointed_iteration.txt) or
-one iter_XXXXXXX folder. The output loads offline with
+one iter_XXXXXXX folder; its files are checked against the checkpoint's manifest.json first, as the trainer
+checks a resume (a flipped byte or a truncated shard: one line, exit 2; --no-verify-checkpoint to skip). An
+unfinished checkpoint (iter_XXXXXXX.tmp, a save in progress) is never read. The output loads offline with
     transformers.AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True)
 SATFormer, ResFormer, DenseFormer, MUDDFormer, Hyper-Connections: the SATFormer authors' classes and
 names, modeling code in the folder; Transformer: transformers' Qwen3 (q/k norm eps set by a subclass).
@@ -31,6 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-shard-size-mb", type=int, default=5120, help="split safetensors above this size")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--verify", action="store_true", help="compare the logits of both models on random tokens")
+    p.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
+                   help="read the checkpoint without checking its files against its manifest.json (as the trainer's "
+                        "flag of that name)")
     args = p.parse_args(argv)
     if not os.environ.get("MEGATRON_SAT_VERBOSE"):
         warnings.filterwarnings("ignore")
@@ -42,7 +47,7 @@ def main(argv=None) -> int:
     try:
         info = export_checkpoint(args.load, args.output, dtype=args.dtype, overwrite=args.overwrite,
                                  tokenizer=args.tokenizer, max_shard_bytes=args.max_shard_size_mb * 1024 * 1024,
-                                 verify=args.verify)
+                                 verify=args.verify, verify_checkpoint=args.verify_checkpoint)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

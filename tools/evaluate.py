@@ -11,7 +11,9 @@ suite, or any tasks.
 
 --model takes an export (lm-eval's HF backend); --checkpoint takes a trainer run folder or one of its
 iter_XXXXXXX folders, any arch and any saved layout, evaluated with no conversion by the megatron_sat
-backend (megatron_sat/analysis/lm_eval_backend.py; greedy generation without a KV cache).
+backend (megatron_sat/analysis/lm_eval_backend.py; greedy generation without a KV cache). Its files are checked
+against its manifest.json first, as the trainer checks a resume (a corrupt file: one line, exit 2;
+--no-verify-checkpoint to skip); an unfinished iter_XXXXXXX.tmp is never read.
 
 Prints a Markdown table; --output DIR also writes DIR/results.json and DIR/results.md. Built-in
 tasks download their data; offline, use local task YAMLs (--include-path). See
@@ -48,6 +50,9 @@ def main(argv=None) -> int:
     p.add_argument("--output", default=None, help="folder for results.json and results.md")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1, metavar="N",
                    help="--checkpoint at TP N, launched with torchrun --nproc-per-node N (default: one process)")
+    p.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
+                   help="--checkpoint: read it without checking its files against its manifest.json (as the "
+                        "trainer's flag of that name)")
     args = p.parse_args(argv)
     tasks = [t for s in args.suite for t in SUITES[s]] + list(args.tasks)
     if not tasks:
@@ -64,6 +69,8 @@ def main(argv=None) -> int:
             any(f.endswith((".safetensors", ".bin")) for f in os.listdir(args.checkpoint)):
         p.error(f"--checkpoint {args.checkpoint} is a Hugging Face folder: pass it as --model {args.checkpoint}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not args.verify_checkpoint and not args.checkpoint:
+        p.error("--no-verify-checkpoint is for --checkpoint (an HF --model has no manifest)")
     if args.tensor_model_parallel_size != 1 and not args.checkpoint:
         p.error("--tensor-model-parallel-size needs --checkpoint (an HF --model runs in one process)")
     if args.tensor_model_parallel_size < 1 or world != args.tensor_model_parallel_size:
@@ -82,7 +89,7 @@ def main(argv=None) -> int:
                            include_paths=args.include_path,
                            batch_size=args.batch_size, device=args.device, dtype=args.dtype, limit=args.limit,
                            num_fewshot=args.num_fewshot, max_length=args.max_length, skip_missing=args.skip_missing,
-                           tensor_parallel=args.tensor_model_parallel_size)
+                           tensor_parallel=args.tensor_model_parallel_size, verify_checkpoint=args.verify_checkpoint)
     except EvaluationError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

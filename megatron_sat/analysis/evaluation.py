@@ -127,11 +127,13 @@ def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missi
 def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Optional[str] = None,
              include_paths: Sequence[str] = (), batch_size=1, device: str = "cpu", dtype: str = "auto",
              limit: Optional[float] = None, num_fewshot: Optional[int] = None, max_length: Optional[int] = None,
-             skip_missing: bool = False, seed: int = 1234, tensor_parallel: int = 1, log=print) -> dict:
+             skip_missing: bool = False, seed: int = 1234, tensor_parallel: int = 1, verify_checkpoint: bool = True,
+             log=print) -> dict:
     """Run lm-eval on `model_dir` (its HF backend) or on a Megatron `checkpoint` (the megatron_sat backend,
     lm_eval_backend.py: any arch, no export; it runs on megatron_sat's device, the GPU when there is one);
     tensor_parallel: the checkpoint's model at that TP, under torchrun with as many processes (each runs every
-    request; rank 0 reports). Returns {'results', 'table', 'averages', 'skipped', ...}, None on other ranks."""
+    request; rank 0 reports); verify_checkpoint=False reads a checkpoint without checking it against its manifest.
+    Returns {'results', 'table', 'averages', 'skipped', ...}, None on other ranks."""
     import lm_eval
 
     if (model_dir is None) == (checkpoint is None):
@@ -148,7 +150,8 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
 
         try:
             model = lm_eval_backend.MegatronLM(checkpoint=checkpoint, batch_size=batch_size, dtype=dtype,
-                                               max_length=max_length, tensor_parallel=tensor_parallel)
+                                               max_length=max_length, tensor_parallel=tensor_parallel,
+                                               verify_checkpoint=verify_checkpoint)
         except ConversionError as e:
             raise EvaluationError(str(e)) from None
         source, model_args = os.path.abspath(checkpoint), None

@@ -18,7 +18,8 @@ A run folder holds config.json and metrics.jsonl (megatron_sat/training/monitor.
 
 Bad input raises GridError naming the file: a folder without runs, a run folder missing config.json or
 metrics.jsonl, a line of metrics.jsonl that is not JSON (only a last line cut short, with no newline, is
-tolerated: a write in progress or a crash).
+left out, with a warning: a write in progress or a crash). A sweep record (<runs>/_grid/<sweep>.json) that
+does not read back is left out with a warning (its pending entries are not listed).
 """
 
 import csv
@@ -31,6 +32,7 @@ import re
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from typing import Dict, Iterable, List, Optional
 
@@ -103,6 +105,8 @@ def read_metrics(path: str) -> List[dict]:
             record = json.loads(line)
         except ValueError:
             if number == len(lines):  # no newline after it: being written, or cut by a crash
+                print(f"warning: {path}: its last line is cut short (a write in progress, or a crash): left out",
+                      file=sys.stderr)
                 continue
             raise GridError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
@@ -297,13 +301,16 @@ def record_sweep(folder: str, sweep: str, arrays: List[dict]) -> str:
     """Add submitted job arrays to <folder>/<sweep>.json (tools/submit_grid.py --submit; a sweep submitted in
     several calls grows): {"sweep", "arrays": [{"job", "manifest", "entries": [{recipe, arch, scale, seed,
     run}]}]}. Returns its path."""
+    from megatron_sat.training.records import read_json_file, write_durably
+
     path = os.path.join(folder, f"{check_sweep_name(sweep)}.json")
-    record = read_json(path) if os.path.isfile(path) else dict(sweep=sweep, arrays=[])
+    say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    record = read_json_file(path, say, what="its earlier job arrays are listed there, not in the new record") \
+        or dict(sweep=sweep, arrays=[])
+    record.setdefault("arrays", [])
     record["arrays"] += arrays
     record["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_durably(path, json.dumps(record, indent=1))
     return path
 
 
@@ -312,7 +319,12 @@ def sweep_records(folders: Iterable[str]) -> List[dict]:
     out = []
     for top in folders:
         for path in sorted(glob.glob(os.path.join(top, "**", "_grid", "*.json"), recursive=True)):
-            record = read_json(path)
+            try:
+                record = read_json(path)
+            except GridError as e:  # cut short by a crash: its queued entries are not listed, the runs still are
+                print(f"warning: {e}; its pending entries are left out (tools/submit_grid.py sets it aside at the "
+                      "next submission)", file=sys.stderr)
+                continue
             if "sweep" in record and "arrays" in record:
                 out.append(record)
     return out

@@ -44,12 +44,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DEFAULTS_BEFORE = {"qk_norm_eps": 1e-6}
 
 
-def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int = 1):
+def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int = 1, verify: bool = True):
     """(model, HF tokenizer, max length) of a trainer checkpoint (run folder or iter_XXXXXXX), any arch, at TP1/PP1
     in one process, or at TP `tensor_parallel` with as many processes (torchrun; this rank's shard).
 
     The model is built from the arguments the trainer recorded in the checkpoint, the way the trainer builds it
-    (make_config + model_config_fields), so every arch and switch the trainer knows loads here."""
+    (make_config + model_config_fields), so every arch and switch the trainer knows loads here. Its files are
+    checked against its manifest first (megatron_io.find_checkpoint; verify=False: --no-verify-checkpoint)."""
     from megatron_sat.conversion import megatron_io
     from megatron_sat.conversion.mapping import ConversionError
     from megatron_sat.data import load_tokenizer
@@ -60,7 +61,7 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
 
     if dtype != "auto" and dtype not in DTYPES:
         raise ConversionError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
-    iter_dir, run_dir = megatron_io.find_checkpoint(path)
+    iter_dir, run_dir = megatron_io.find_checkpoint(path, verify=verify)
     if tensor_parallel == 1:
         megatron_io.init_single_process()
     else:
@@ -113,18 +114,20 @@ class MegatronLM(TemplateLM):
     """lm-eval LM on a megatron_sat GPT model (see the module docstring).
 
     checkpoint: a trainer run folder or iter_XXXXXXX folder (built at TP1/PP1 here, or at TP tensor_parallel
-    under torchrun with that many processes, each scoring every request), or
+    under torchrun with that many processes, each scoring every request; its manifest checked unless
+    verify_checkpoint=False), or
     model + tokenizer: a built model chunk (PP1; DDP-wrapped or not) and an HF tokenizer, with max_length.
     """
 
     def __init__(self, checkpoint: Optional[str] = None, batch_size=1, max_length: Optional[int] = None,
                  dtype: str = "auto", max_gen_toks: int = 256, device=None, tensor_parallel: int = 1, *, model=None,
-                 tokenizer=None, **_):
+                 tokenizer=None, verify_checkpoint: bool = True, **_):
         super().__init__()
         if model is None:
             if not checkpoint:
                 raise ValueError("megatron_sat needs checkpoint=RUN_DIR (or a model and a tokenizer)")
-            model, tokenizer, seq_length = load_checkpoint_model(checkpoint, dtype, int(tensor_parallel))
+            model, tokenizer, seq_length = load_checkpoint_model(checkpoint, dtype, int(tensor_parallel),
+                                                                 verify=verify_checkpoint)
             max_length = max_length or seq_length
         if tokenizer is None or not max_length:
             raise ValueError("megatron_sat: a model needs its tokenizer and max_length")

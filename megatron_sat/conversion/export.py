@@ -53,16 +53,18 @@ def load_tokenizer(source: Optional[str], max_length: int):
 
 def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bool = False,
                       tokenizer: Optional[str] = None, max_shard_bytes: int = hf_io.DEFAULT_SHARD_BYTES,
-                      verify: bool = False, log=print) -> dict:
-    """Convert; returns a summary dict (arch, iteration, source, output, parameters, max_rel_diff if verify)."""
+                      verify: bool = False, verify_checkpoint: bool = True, log=print) -> dict:
+    """Convert; returns a summary dict (arch, iteration, source, output, parameters, max_rel_diff if verify).
+
+    verify_checkpoint: check the checkpoint's files against its manifest first (False: --no-verify-checkpoint)."""
     if dtype not in DTYPES:
         raise ConversionError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     try:
         check_output("--output", output, {"--load": load})
     except ValueError as e:
         raise ConversionError(str(e)) from None
+    iter_dir, run_dir = megatron_io.find_checkpoint(load, verify=verify_checkpoint, log=log)  # before any set-up
     megatron_io.init_single_process()
-    iter_dir, run_dir = megatron_io.find_checkpoint(load)
     args, run_config = megatron_io.recorded_config(iter_dir, run_dir)
     metadata = megatron_io.tensor_metadata(iter_dir)
     spec = megatron_io.spec_from_args(args, metadata)
@@ -79,7 +81,8 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
     if tok is not None:
         ids = dict(bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     config = hf_config(spec, out_dtype, **ids)
-    info = dict(arch=spec.arch, iteration=int(os.path.basename(iter_dir).split("_")[-1]) if "iter_" in iter_dir else None,
+    name = os.path.basename(iter_dir)
+    info = dict(arch=spec.arch, iteration=int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else None,
                 source=iter_dir, saved_layout=_saved_layout(iter_dir), spec=spec.to_dict(),
                 tokenizer=getattr(tok, "name_or_path", None), dtype=str(out_dtype).replace("torch.", ""),
                 parameters=sum(t.numel() for t in weights.values()))

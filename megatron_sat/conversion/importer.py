@@ -8,10 +8,12 @@
 
 Every flag after --hf/--save is a trainer flag (megatron_sat/training/arguments.py); the model's
 shape (arch, sizes, gate, last-k, lambdas, rotary base) comes from the HF config and must not be
-given. What is written (megatron_sat.training.checkpointing's format):
+given. SAVE is locked as the trainer locks a run folder (megatron_sat/training/run_lock.py).
+What is written (megatron_sat.training.checkpointing's format):
 
   SAVE/iter_0000000/                      model weights, a fresh optimizer, the LR schedule the
-                                          given flags make, and the arguments (common 'args')
+                                          given flags make, and the arguments (common 'args'); its
+                                          manifest.json, checked by every reader as the trainer's are
   SAVE/latest_checkpointed_iteration.txt  -> 0
   SAVE/config.json                        the recorded arguments, for reading
   SAVE/tokenizer/                         the HF folder's tokenizer, when it has one
@@ -111,7 +113,6 @@ def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, 
     from megatron.core.transformer.module import Float16Module
 
     from megatron_sat.parallel.layout import Layout, validate
-    from megatron_sat.training import checkpointing as ckpt
     from megatron_sat.training.step import build_optimizer, wrap_ddp
 
     gpu = torch.cuda.is_available()
@@ -140,7 +141,22 @@ def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, 
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
         wd_incr_steps=args.train_iters, wd_incr_style="constant")
 
-    os.makedirs(save, exist_ok=True)
+    from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
+
+    try:  # the trainer's lock: no import into a folder a job trains in
+        lock = RunLock(save, log).acquire()
+    except (LockHeld, NotWritable) as e:
+        raise ConversionError(str(e)) from None
+    try:
+        return _write(save, hf_dir, spec, args, chunks, optimizer, scheduler, weights, target, dtype, overwrite, log)
+    finally:
+        lock.release()
+
+
+def _write(save, hf_dir, spec, args, chunks, optimizer, scheduler, weights, target, dtype, overwrite, log) -> dict:
+    """The checkpoint (with its manifest, as every trainer save), config.json and the tokenizer into `save`."""
+    from megatron_sat.training import checkpointing as ckpt
+
     if overwrite:
         for name in os.listdir(save):
             if name.startswith("iter_"):

@@ -11,7 +11,7 @@ A checkpoint saved at any TP/PP/VPP loads here: dist-checkpointing reshards to T
 
 import json
 import os
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -34,13 +34,31 @@ def init_single_process() -> None:
         raise ConversionError(str(e)) from None
 
 
-def find_checkpoint(path: str) -> Tuple[str, Optional[str]]:
-    """(iteration folder, run folder or None) for a run folder or an iter_XXXXXXX folder."""
+def find_checkpoint(path: str, verify: bool = True, log: Optional[Callable[[str], None]] = None
+                    ) -> Tuple[str, Optional[str]]:
+    """(iteration folder, run folder or None) for a run folder or an iter_XXXXXXX folder, checked against its
+    manifest as the trainer checks a resume (megatron_sat/training/integrity.py); verify=False skips that
+    (--no-verify-checkpoint). Every reader of checkpoints (export, evaluate --checkpoint) comes through here.
+
+    An unfinished checkpoint (iter_XXXXXXX.tmp: a save in progress or cut short; .del: being deleted) is never
+    read nor offered. ConversionError (one line, what to do) for anything else that is not a complete one."""
     from megatron.core import dist_checkpointing
 
-    from megatron_sat.training.run_folder import TRACKER, CheckpointError, checkpoint_dir, read_tracker
+    from megatron_sat.training.run_folder import (
+        TRACKER,
+        CheckpointError,
+        checkpoint_dir,
+        complete_iterations,
+        is_unfinished,
+        read_tracker,
+    )
 
     path = os.path.abspath(path)
+    if is_unfinished(path):
+        run = os.path.dirname(path)
+        its = complete_iterations(run)
+        hint = f"pass {run} or {checkpoint_dir(run, its[-1])}" if its else f"{run} holds no complete checkpoint yet"
+        raise ConversionError(f"{path} is an unfinished checkpoint (a save in progress, or one cut short): {hint}")
     if not os.path.isdir(path):
         raise ConversionError(f"checkpoint {path} does not exist")
     if os.path.isfile(os.path.join(path, "metadata.json")):
@@ -49,19 +67,44 @@ def find_checkpoint(path: str) -> Tuple[str, Optional[str]]:
         parent = os.path.dirname(path)
         run = parent if os.path.isfile(os.path.join(parent, TRACKER)) or \
             os.path.isfile(os.path.join(parent, "config.json")) else None
+        _verify(path, verify, log)
         return path, run
     try:
         iteration = read_tracker(path)
     except CheckpointError as e:  # a tracker that is not a number
         raise ConversionError(str(e)) from None
     if iteration is None:
-        iters = sorted(d for d in os.listdir(path) if d.startswith("iter_"))
-        hint = f" (it has {', '.join(iters[-3:])}: pass one of them)" if iters else ""
+        its = complete_iterations(path)
+        hint = (f" (its complete checkpoints: {', '.join(os.path.basename(checkpoint_dir(path, i)) for i in its[-3:])}"
+                ": pass one of them)") if its else ""
+        unfinished = sorted(d for d in os.listdir(path) if is_unfinished(os.path.join(path, d)))
+        if unfinished and not its:
+            hint = f" (only unfinished checkpoints: {', '.join(unfinished[-3:])}; wait for the save to finish)"
         raise ConversionError(f"{path} has no {TRACKER} and is not a checkpoint folder{hint}")
     directory = checkpoint_dir(path, iteration)
     if not dist_checkpointing.check_is_distributed_checkpoint(directory):
         raise ConversionError(f"{directory}, named by {TRACKER}, is missing or incomplete")
+    _verify(directory, verify, log)
     return directory, path
+
+
+def _verify(directory: str, verify: bool, log: Optional[Callable[[str], None]]) -> None:
+    """The trainer's manifest check (each process hashes every file: these readers run before or without a
+    process group)."""
+    from megatron_sat.training.integrity import CorruptCheckpoint
+    from megatron_sat.training.integrity import verify as check
+
+    if not verify:
+        if log:
+            log(f"warning: {directory} is read without checking its files (--no-verify-checkpoint)")
+        return
+    try:
+        verified = check(directory, collective=False)
+    except CorruptCheckpoint as e:
+        raise ConversionError(f"checkpoint {directory} is corrupt: {e}; pass --no-verify-checkpoint to read it "
+                              "anyway") from None
+    if not verified and log:
+        log(f"note: {directory} has no manifest.json (written before manifests existed): its files are not verified")
 
 
 def recorded_config(iter_dir: str, run_dir: Optional[str]) -> Tuple[dict, dict]:

@@ -291,6 +291,10 @@ def save_folder_errors(args: argparse.Namespace) -> List[str]:
         return []
     if os.path.exists(save) and not os.path.isdir(save):
         return [f"--save {save} is a file, not a folder: pass a folder for checkpoints, metrics and config"]
+    unwritable = unwritable_folder(save)
+    if unwritable:
+        return [f"--save {save} is not writable ({unwritable} cannot be written: a read-only file system, an "
+                "immutable folder or no permission): pass a --save folder this job can write"]
     others = {"--load": None if args.load and same_path(args.load, save) else args.load,
               "--pretrained-checkpoint": args.pretrained_checkpoint}
     try:
@@ -303,6 +307,15 @@ def save_folder_errors(args: argparse.Namespace) -> List[str]:
         hint = f"resume it with --load {save}" + (f" (not --load {args.load})" if args.load else "")
         return [f"--save {save} already holds a run's checkpoints: {hint}, or pass a new --save folder"]
     return []
+
+
+def unwritable_folder(folder: str) -> Optional[str]:
+    """The folder (or, when it does not exist yet, its nearest existing parent) if this process cannot create
+    files in it, else None. os.access honours read-only mounts and immutable folders for root as well."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return None if os.access(path, os.W_OK | os.X_OK) else path
 
 
 def same_path(a: str, b: str) -> bool:

@@ -4,7 +4,9 @@ metrics.jsonl holds one JSON object per logged step:
     {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "consumed_samples",
      "gate_mean": [per layer], "gate_zero_frac": [per layer]}   (gates: SATFormer only)
 and {"step", "val_loss", "val_ppl"} lines when evaluated. On resume the lines after the loaded
-iteration are dropped, so the file always describes the run that produced the checkpoint.
+iteration are dropped, so the file always describes the run that produced the checkpoint; a line that does
+not read back (cut short by a crash or a full disk) is set aside in metrics.jsonl.torn with a warning, and
+an unreadable config.json is renamed to config.json.torn-<time> (training/records.py).
 
 For the sweep tables (megatron_sat/analysis/grid.py) every line also carries "wall_time_s" (since the run's
 first start, over all its restarts; each attempt counted from its process start), training lines the peak
@@ -26,7 +28,13 @@ import sys
 import time
 from typing import Optional
 
+from megatron_sat.training import records
+
 GIB = 2.0 ** 30
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
 def _fmt_time(seconds: float) -> str:
@@ -103,18 +111,6 @@ def _slurm_job() -> Optional[str]:
     return env.get("SLURM_JOB_ID")
 
 
-def _read_json_lines(path: str) -> list:
-    out = []
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:  # a line cut short by a crash
-                    pass
-    return out
-
-
 class Monitor:
     def __init__(self, args, run_config: dict, start_iteration: int, resumed: bool, is_logger: bool):
         self.args = args
@@ -129,19 +125,17 @@ class Monitor:
         run_config = self._run_record(args, run_config, start_iteration)
         kept = []
         if resumed and os.path.exists(self.metrics_path):
-            with open(self.metrics_path) as f:
-                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= start_iteration]
+            good, torn = records.read_lines(self.metrics_path)
+            records.set_aside(self.metrics_path, torn, _say)  # a line cut short by a crash stops nothing
+            kept = [line for line, record in good if record["step"] <= start_iteration]
         elif os.path.getsize(self.metrics_path) if os.path.exists(self.metrics_path) else 0:
             # a run that died before its first checkpoint: starting over, but its log is kept aside
             aside = os.path.join(args.save, time.strftime("metrics.before-%Y%m%d-%H%M%S.jsonl"))
             os.replace(self.metrics_path, aside)
             print(f"metrics of an earlier attempt (no checkpoint) moved to {aside}", flush=True)
-        with open(self.metrics_path, "w") as f:
-            f.writelines(kept)
-        tmp = os.path.join(args.save, "config.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(run_config, f, indent=1, sort_keys=True, default=str)
-        os.replace(tmp, os.path.join(args.save, "config.json"))
+        records.write_durably(self.metrics_path, "".join(kept))
+        records.write_durably(os.path.join(args.save, "config.json"),
+                              json.dumps(run_config, indent=1, sort_keys=True, default=str))
         if args.wandb_project:
             self._init_wandb(run_config)
         if args.progress_bar and sys.stdout.isatty():
@@ -151,14 +145,12 @@ class Monitor:
 
     def _run_record(self, args, run_config: dict, start_iteration: int) -> dict:
         """run_config plus what a sweep's tables need (module docstring); reads the previous attempts' records."""
-        old_config = os.path.join(args.save, "config.json")
-        try:
-            with open(old_config) as f:
-                before = json.load(f)
-        except (OSError, ValueError):
-            before = {}
+        before = records.read_json_file(
+            os.path.join(args.save, "config.json"), _say,
+            what="the earlier starts it listed are not counted, and the wall time comes from metrics.jsonl") or {}
         # wall time of the earlier attempts: the last wall_time_s any of them wrote (lines dropped on resume too)
-        times = [r.get("wall_time_s") for r in _read_json_lines(self.metrics_path)] + [before.get("wall_time_before_s")]
+        times = [r.get("wall_time_s") for _, r in records.read_lines(self.metrics_path)[0]] + \
+            [before.get("wall_time_before_s")]
         self.wall_before = max([t for t in times if isinstance(t, (int, float))], default=0.0)
         attempts = list(before.get("attempts") or []) + [dict(
             started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), start_step=start_iteration, host=socket.gethostname(),

@@ -34,6 +34,11 @@ def checkpoint_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
+def is_unfinished(directory: str) -> bool:
+    """An iter_XXXXXXX.tmp (a save in progress or cut short) or .del (a deletion) folder: never to be read."""
+    return bool(_STALE.match(os.path.basename(os.path.normpath(directory))))
+
+
 def is_complete(directory: str) -> bool:
     """A folder that a finished save renamed into place (metadata.json is Megatron's last word)."""
     return os.path.isfile(os.path.join(directory, "metadata.json"))

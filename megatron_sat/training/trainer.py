@@ -2,7 +2,8 @@
 
     train(args)
       1. configure     the model config and the layout, checked before anything is allocated
-      2. check inputs  what --load / --pretrained-checkpoint hold (run_folder.py: never a silent restart,
+      2. lock          the run folder, for this job alone (run_lock.py), before anything is written
+         check inputs  what --load / --pretrained-checkpoint hold (run_folder.py: never a silent restart,
                        manifest verified, the same model) and the data (data/checks.py)
       3. build         model, optimizer, scheduler (step.setup_model_and_optimizer), then restore
       4. loop          step.train_step -> log -> evaluate -> save, until done or told to stop
@@ -10,7 +11,8 @@
       5. finish        the last save, the final validation loss, where everything is
 
 Exit codes: 0 done or stopped cleanly, 2 bad input (one line that says what to do, before anything is
-built), 3 NaN/Inf loss (the last good checkpoint stays), 4 a checkpoint could not be written.
+built; also another job holding the run folder, or a --save that cannot be written),
+3 NaN/Inf loss (the last good checkpoint stays), 4 a checkpoint could not be written.
 """
 
 import contextlib
@@ -81,22 +83,51 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     init_from_env()
     rank = torch.distributed.get_rank()
     log = (lambda text: print(text, flush=True)) if rank == 0 else (lambda text: None)
+    lock = None
     try:
         setup = configure(args, log)
+        lock = take_run_lock(args.save, log)  # before anything is written into the run folder
         resume, pretrained, tokenizer, data = check_inputs(args, setup, log)
     except UsageError as err:  # every rank sees the same error: report it once, build nothing
         log(f"megatron-sat-train: error: {err}")
+        if lock is not None:
+            lock.release(remove_empty_folder=True)
         return 2
-    if resume is not None and resume.iteration >= args.train_iters:
-        log(f"nothing to do: {resume.directory} is at iteration {resume.iteration} of --train-iters "
-            f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
-        return 0
     try:
-        loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner)
-    except ckpt.CheckpointError as err:
-        log(f"megatron-sat-train: error: {err}")
-        return 2
-    return loop.run()
+        if resume is not None and resume.iteration >= args.train_iters:
+            log(f"nothing to do: {resume.directory} is at iteration {resume.iteration} of --train-iters "
+                f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
+            return 0
+        try:
+            loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner)
+        except ckpt.CheckpointError as err:
+            log(f"megatron-sat-train: error: {err}")
+            return 2
+        return loop.run()
+    finally:  # every way out, errors and KeyboardInterrupt included (a kill -9 leaves a lock the next job takes over)
+        if lock is not None:
+            lock.release()
+
+
+def take_run_lock(save: str, log):
+    """Global rank 0 takes the run folder's lock (training/run_lock.py) and tells the other ranks, which write
+    nothing before it; returns the lock on rank 0, None elsewhere; UsageError (on every rank) when another job
+    holds the folder or it cannot be written."""
+    from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
+
+    lock, problem = None, None
+    if torch.distributed.get_rank() == 0:
+        try:
+            lock = RunLock(save, log).acquire()
+        except (LockHeld, NotWritable) as err:
+            problem = str(err)
+    if torch.distributed.get_world_size() > 1:
+        shared = [problem]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        problem = shared[0]
+    if problem:
+        raise UsageError(problem)
+    return lock
 
 
 def configure(args, log) -> Setup:
