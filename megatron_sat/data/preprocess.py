@@ -65,6 +65,7 @@ class PreprocessResult:
     bad_shards: List[str] = field(default_factory=list)  # empty input files skipped (--skip-bad)
     input_bytes: int = 0   # on-disk bytes of the inputs read
     encoder: str = "tokenizers"  # what tokenized: "tiktoken" (exact fast path) or "tokenizers"
+    main_cpu_seconds: float = 0.0  # CPU seconds of the main process (reading, handing out, writing)
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -184,7 +185,7 @@ def preprocess(
     Returns:
         PreprocessResult (documents, tokens, seconds, output prefix, ...).
     """
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     try:
         files = expand_inputs(inputs)
     except (OSError, ValueError) as e:
@@ -295,6 +296,7 @@ def preprocess(
         bad_shards=bad_shards,
         input_bytes=total or 0,
         encoder="tokenizers" if fast is None else "tiktoken",
+        main_cpu_seconds=time.process_time() - cpu0,
     )
     meta = dict(asdict(result), eod=tok.eod, inputs=files, json_key=json_key, first_bad=first_bad,
                 append_eod=append_eod, add_bos=add_bos, max_token_id=max_token_id,
