@@ -100,15 +100,21 @@ def _ranks(spec: dict) -> Tuple[Optional[dict], Optional[dict], str]:
     if any(a != b and b.startswith(a) for a in contents for b in contents):
         return None, None, "one added token is a prefix of another"
     specials = {a["content"]: int(a["id"]) for a in added}
-    byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+    alphabet = _bytes_to_unicode()
+    table = str.maketrans({c: chr(b) for b, c in alphabet.items()})
+    chars = set(alphabet.values())
+
+    def to_bytes(text: str) -> Optional[bytes]:
+        return text.translate(table).encode("latin-1") if chars.issuperset(text) else None
+
     ranks: Dict[bytes, int] = {}
     for text, i in model["vocab"].items():
         if text in specials:
             continue
-        try:
-            ranks[bytes(byte_of[c] for c in text)] = int(i)
-        except KeyError:
+        tok = to_bytes(text)
+        if tok is None:
             return None, None, f"token {text!r} is not in the byte-level alphabet"
+        ranks[tok] = int(i)
     if len(set(ranks.values())) != len(ranks) or set(ranks.values()) & set(specials.values()):
         return None, None, "two tokens share an id"
     if any(bytes([b]) not in ranks for b in range(256)):
@@ -116,10 +122,7 @@ def _ranks(spec: dict) -> Tuple[Optional[dict], Optional[dict], str]:
     made, last = set(), -1
     for m in model.get("merges", []):
         a, b = m.split(" ", 1) if isinstance(m, str) else m
-        try:
-            tok = bytes(byte_of[c] for c in a + b)
-        except KeyError:
-            return None, None, f"merge {a!r} {b!r} is not in the byte-level alphabet"
+        tok = to_bytes(a + b)
         rank = ranks.get(tok)
         if rank is None or tok in made:
             return None, None, f"merge {a!r} {b!r} makes no token or one made before"
