@@ -26,8 +26,10 @@ Sharded (a Slurm job array, slurm/preprocess.sbatch; one dataset per input file,
   globs of them, a folder written by ``datasets``' ``save_to_disk`` (``--hf-split``), or a hub
   dataset name ``ORG/NAME`` (``hf:ORG/NAME/sub/folder`` for part of it): its snapshot in the local
   Hugging Face cache, streamed from the hub only when not cached and the hub can be reached.
-* ``--workers N`` tokenizer processes, each tokenizing chunks of ``--chunksize`` documents in one
-  batch call of the Rust ``tokenizers`` library; the output is byte-identical for any N.
+* ``--workers N`` tokenizer processes, each reading and tokenizing chunks of ``--chunksize`` documents (plain
+  jsonl: blocks of chunksize x 4 KiB); the output is byte-identical for any N. A byte-level BPE runs on tiktoken
+  where a check at start proves it gives the tokenizer's own ids (else the Rust ``tokenizers`` library, with a
+  one-line note; ``--no-fast-bpe`` forces it). See docs/preprocessing_speed.md.
 * ``--tokenizer`` is a local Hugging Face tokenizer folder (the paper uses the Llama-2
   tokenizer, 32,000 tokens), a ``tokenizer.json`` file, or a hub name where the hub is
   reachable.
@@ -108,6 +110,9 @@ def get_args(argv=None) -> argparse.Namespace:
     p.add_argument("--add-bos", action="store_true", help="prepend the bos token to documents")
     p.add_argument("--no-eod", action="store_true", help="do not append the eod token")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-fast-bpe", action="store_true",
+                   help="always tokenize with the tokenizers library (by default a byte-level BPE runs on tiktoken "
+                        "where that is checked to give the tokenizer's own ids)")
     args = p.parse_args(argv)
     if not args.input and not args.default_corpus:
         p.error("give --input and/or --default-corpus")
@@ -175,6 +180,7 @@ def _main(argv=None) -> PreprocessResult:
         eod_token=args.eod_token,
         skip_bad=args.skip_bad,
         hf_split=args.hf_split,
+        fast_bpe=not args.no_fast_bpe,
     )
     if args.shard_dir:
         from megatron_sat.data.shards import preprocess_shards

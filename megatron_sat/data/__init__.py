@@ -15,19 +15,34 @@ Typical use::
     batch = next(iter(loader))   # tokens/labels/loss_mask/position_ids [b, s]
 """
 
-from megatron_sat.data.builder import (
-    DistributedBatchSampler,
-    GPTDatasets,
-    build_data_loader,
-    build_datasets,
-    collate_batch,
-    parse_blend,
-)
-from megatron_sat.data.corpus import CorpusInfo, default_corpus_documents, write_default_corpus
-from megatron_sat.data.preprocess import PreprocessError, PreprocessResult, preprocess, read_documents
-from megatron_sat.data.readers import InputError, expand_inputs, iter_documents
-from megatron_sat.data.shards import merge_datasets, preprocess_shards, shard_prefixes, write_blend
-from megatron_sat.data.tokenizer import NullTokenizer, Tokenizer, load_tokenizer, train_bpe_tokenizer
+# Imported on first use (PEP 562), so that preprocessing (megatron_sat.data.preprocess) does not import the
+# dataset builder, hence torch and megatron-core: seconds of start-up per preprocessing run.
+_WHERE = {
+    "DistributedBatchSampler": "builder", "GPTDatasets": "builder", "build_data_loader": "builder",
+    "build_datasets": "builder", "collate_batch": "builder", "parse_blend": "builder",
+    "CorpusInfo": "corpus", "default_corpus_documents": "corpus", "write_default_corpus": "corpus",
+    "PreprocessError": "preprocess", "PreprocessResult": "preprocess", "preprocess": "preprocess",
+    "read_documents": "preprocess",
+    "InputError": "readers", "expand_inputs": "readers", "iter_documents": "readers",
+    "merge_datasets": "shards", "preprocess_shards": "shards", "shard_prefixes": "shards", "write_blend": "shards",
+    "NullTokenizer": "tokenizer", "Tokenizer": "tokenizer", "load_tokenizer": "tokenizer",
+    "train_bpe_tokenizer": "tokenizer",
+}
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"megatron_sat.data.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     "CorpusInfo",

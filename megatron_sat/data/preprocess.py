@@ -3,10 +3,14 @@
 Every document becomes one sequence: its token ids (optionally after a bos token) followed by the
 end-of-document token. Inputs are any mix of jsonl (plain, .gz, .zst), parquet, txt, datasets save_to_disk
 folders and hub datasets (megatron_sat.data.readers), streamed in chunks: memory stays bounded whatever the
-input size. Worker processes parse and tokenize whole chunks (megatron_sat.data.encode: one batch call into
-the Rust tokenizer per chunk); the main process reads and writes, keeping at most a few chunks per worker in
-flight. Documents are written in input order whatever the number of workers, so the output is byte-identical
-for 1 or N workers (and for the same documents in any input format). The command-line front end is
+input size. Worker processes read (plain jsonl: byte ranges of the file), parse and tokenize whole chunks
+(megatron_sat.data.encode) and send back numpy arrays; the main process hands out chunks (reads compressed jsonl,
+parquet, txt and datasets itself) and writes, keeping at most a few chunks per worker in flight. Tokenizing uses
+tiktoken's BPE where megatron_sat.data.fastbpe proves it gives the tokenizer's own ids (a byte-level BPE, checked
+on the vocabulary, adversarial text and the corpus' first documents), else the `tokenizers` library, with a
+one-line note saying why. The .bin/.idx are written by megatron_sat.data.indexed (megatron-core's bytes, without
+importing megatron-core and torch). Documents are written in input order whatever the number of workers, so the output is
+byte-identical for 1 or N workers (and for the same documents in any input format). The command-line front end is
 ``tools/preprocess_data.py``; the trainer calls :func:`preprocess` directly.
 
 All user-facing failures (missing inputs, bad input files or documents, unloadable tokenizer, unwritable output
@@ -30,12 +34,15 @@ from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy
 
-from megatron_sat.data.encode import encode_chunk, init_worker
-from megatron_sat.data.readers import InputError, expand_inputs, iter_chunks, source_size
+from megatron_sat.data.encode import decode_chunk, encode_chunk, init_worker
+from megatron_sat.data.indexed import IndexWriter, optimal_dtype
+from megatron_sat.data.readers import Block, InputError, expand_inputs, iter_chunks, iter_tasks, source_size
 from megatron_sat.data.tokenizer import Tokenizer, load_tokenizer
 
 _ERR = "preprocess_data: error:"
 DEFAULT_CHUNKSIZE = 256   # documents (lines, rows) per chunk sent to a worker
+BLOCK_BYTES_PER_DOC = 4096  # a plain jsonl is cut into blocks of chunksize * this many bytes (1 MiB by default)
+SAMPLE_CHARS = 1 << 19    # characters of the first documents on which the fast path is checked at start
 
 
 class PreprocessError(SystemExit):
@@ -57,6 +64,8 @@ class PreprocessResult:
     num_bad: int = 0       # bad documents skipped (--skip-bad)
     bad_shards: List[str] = field(default_factory=list)  # empty input files skipped (--skip-bad)
     input_bytes: int = 0   # on-disk bytes of the inputs read
+    encoder: str = "tokenizers"  # what tokenized: "tiktoken" (exact fast path) or "tokenizers"
+    main_cpu_seconds: float = 0.0  # CPU seconds of the main process (reading, handing out, writing)
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -67,7 +76,7 @@ class PreprocessResult:
             f"preprocess_data: {self.num_docs:,} documents, {self.num_tokens:,} tokens "
             f"({self.num_skipped} empty skipped{bad}) in {self.seconds:.2f} s ({self.num_docs / secs:,.0f} docs/s, "
             f"{self.num_tokens / secs:,.0f} tokens/s, {self.input_bytes / secs / 1e6:,.1f} MB/s) "
-            f"-> {self.output_prefix}.bin/.idx [{self.dtype}, vocab {self.vocab_size}]"
+            f"-> {self.output_prefix}.bin/.idx [{self.dtype}, vocab {self.vocab_size}, {self.encoder}]"
         )
 
 
@@ -107,13 +116,32 @@ def _in_order(fn, chunks, pool, window: int):
         yield c0, r.get()
 
 
-def _write_chunk(builder, ids: numpy.ndarray, lengths: numpy.ndarray) -> None:
-    """Append documents to a megatron-core IndexedDatasetBuilder, the same bytes and index entries as
-    builder.add_document(doc, [len(doc)]) per document, in one write (the builder has no batch call)."""
-    builder.data_file.write(numpy.asarray(ids, dtype=builder.dtype).tobytes(order="C"))
-    start = len(builder.sequence_lengths)
-    builder.sequence_lengths.extend(lengths.tolist())
-    builder.document_indices.extend(range(start + 1, start + 1 + len(lengths)))
+def _sample(files: Sequence[str], json_key: str, txt_mode: str, hf_split: str) -> List[str]:
+    """The first documents of the first input, up to SAMPLE_CHARS characters (none where it cannot be read: the
+    run itself then reports the input)."""
+    texts, size = [], 0
+    try:
+        for chunk in iter_chunks(files[0], json_key=json_key, txt_mode=txt_mode, hf_split=hf_split, chunk_docs=64):
+            for t in decode_chunk(chunk, json_key)[0]:
+                texts.append(t)
+                size += len(t)
+                if size >= SAMPLE_CHARS:
+                    return texts
+    except (InputError, OSError, ValueError):
+        pass
+    return texts
+
+
+def _choose_encoder(tok, fast_bpe: bool, files, json_key, txt_mode, hf_split):
+    """A checked FastBPE, or None (then a one-line note says why, on stderr)."""
+    if not fast_bpe:
+        return None
+    from megatron_sat.data.fastbpe import fast_encoder
+
+    fast, note = fast_encoder(tok, _sample(files, json_key, txt_mode, hf_split))
+    if fast is None:
+        print(f"preprocess_data: {note}", file=sys.stderr, flush=True)
+    return fast
 
 
 def preprocess(
@@ -131,6 +159,7 @@ def preprocess(
     skip_bad: bool = False,
     hf_split: str = "train",
     allow_empty: bool = False,
+    fast_bpe: bool = True,
 ) -> PreprocessResult:
     """Tokenize ``inputs`` into ``<output_prefix>.bin`` / ``<output_prefix>.idx``.
 
@@ -150,11 +179,13 @@ def preprocess(
         skip_bad: skip (and count) bad documents and empty shards instead of stopping at the first.
         hf_split: split of a datasets folder / hub dataset.
         allow_empty: write a dataset of no documents instead of failing (a skipped shard of a sharded run).
+        fast_bpe: tokenize with tiktoken's BPE where it is proven to give the tokenizer's own ids
+            (megatron_sat.data.fastbpe); False: always the tokenizers library.
 
     Returns:
         PreprocessResult (documents, tokens, seconds, output prefix, ...).
     """
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     try:
         files = expand_inputs(inputs)
     except (OSError, ValueError) as e:
@@ -172,10 +203,9 @@ def preprocess(
         raise PreprocessError(f"{_ERR} output prefix {output_prefix} would overwrite the input {clash[0]}: "
                               "choose another --output-prefix")
 
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-
-    dtype = DType.optimal_dtype(tok.vocab_size)
-    init_worker(tok, json_key, append_eod, add_bos, dtype)
+    dtype = optimal_dtype(tok.vocab_size)
+    fast = _choose_encoder(tok, fast_bpe, files, json_key, txt_mode, hf_split)
+    init_worker(tok, json_key, append_eod, add_bos, dtype, fast)
     tmp = f"{prefix}.tmp{os.getpid()}"
     sizes = [source_size(f) for f in files]
     total = None if None in sizes else sum(sizes)
@@ -184,14 +214,14 @@ def preprocess(
     def chunks() -> Iterator:
         for path in files:
             try:
-                yield from iter_chunks(path, json_key=json_key, txt_mode=txt_mode, hf_split=hf_split,
-                                       chunk_docs=chunksize)
+                yield from iter_tasks(path, json_key=json_key, txt_mode=txt_mode, hf_split=hf_split,
+                                      chunk_docs=chunksize, block_bytes=chunksize * BLOCK_BYTES_PER_DOC)
             except InputError as e:
                 if not (skip_bad and str(e).startswith("empty input")):
                     raise
                 bad_shards.append(path)
 
-    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
+    builder = IndexWriter(tmp + ".bin", dtype)
     num_docs = num_tokens = num_skipped = num_bad = 0
     max_token_id = -1
     first_bad = None
@@ -203,22 +233,27 @@ def preprocess(
             os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one Rust thread per worker process: --workers = cores
             try:
                 pool = multiprocessing.Pool(workers, initializer=init_worker,
-                                            initargs=(tok, json_key, append_eod, add_bos, dtype))
+                                            initargs=(tok, json_key, append_eod, add_bos, dtype, fast))
             finally:
                 if saved is None:
                     os.environ.pop("TOKENIZERS_PARALLELISM", None)
                 else:
                     os.environ["TOKENIZERS_PARALLELISM"] = saved
-        done_before, last_source = 0, None
+        done_before, last_source, line = 0, None, 1
         for chunk, enc in _in_order(encode_chunk, chunks(), pool, window=3 * workers):
+            if chunk.source != last_source:
+                line = 1
             if enc.bad:
+                i, reason = enc.bad[0]
+                where = f"{chunk.source}:{line + i}" if isinstance(chunk, Block) else chunk.location(i)
                 if not skip_bad:
-                    raise InputError(f"{enc.bad[0]} (or pass --skip-bad to skip bad documents)")
+                    raise InputError(f"{where}: {reason} (or pass --skip-bad to skip bad documents)")
                 num_bad += len(enc.bad)
-                first_bad = first_bad or enc.bad[0]
+                first_bad = first_bad or f"{where}: {reason}"
+            line += enc.num_items
             num_skipped += enc.num_empty
             if len(enc.lengths):
-                _write_chunk(builder, enc.ids, enc.lengths)
+                builder.add(enc.ids, enc.lengths)
                 num_docs += len(enc.lengths)
                 num_tokens += int(enc.lengths.sum())
                 max_token_id = max(max_token_id, int(enc.ids.max()))
@@ -260,6 +295,8 @@ def preprocess(
         num_bad=num_bad,
         bad_shards=bad_shards,
         input_bytes=total or 0,
+        encoder="tokenizers" if fast is None else "tiktoken",
+        main_cpu_seconds=time.process_time() - cpu0,
     )
     meta = dict(asdict(result), eod=tok.eod, inputs=files, json_key=json_key, first_bad=first_bad,
                 append_eod=append_eod, add_bos=add_bos, max_token_id=max_token_id,
@@ -316,10 +353,7 @@ class _Progress:
 
 def _remove(tmp: str, builder) -> None:
     """Drop half-written temporary files."""
-    try:
-        builder.data_file.close()
-    except Exception:
-        pass
+    builder.abort()
     for ext in (".bin", ".idx", ".meta.json"):
         if os.path.exists(tmp + ext):
             os.remove(tmp + ext)

@@ -2,6 +2,8 @@
 
     expand_inputs(["data/", "shards/*.parquet", "HuggingFaceFW/fineweb-edu"])  -> sorted sources
     iter_chunks(source, json_key, txt_mode)                                     -> Chunk, Chunk, ...
+    iter_tasks(source, ..., block_bytes)           Block (byte ranges of a plain jsonl, read by the worker that
+                                                   tokenizes it: read_block) or Chunk (read here), in order
 
 Formats (by suffix; folders are searched recursively, globs expanded, both sorted):
 
@@ -67,6 +69,56 @@ class Chunk:
     def location(self, i: int) -> str:
         n = self.where[i] if self.where is not None else self.first + i
         return f"{self.source}:{n}" if self.unit == "line" else f"{self.source}: row {n}"
+
+
+@dataclass
+class Block:
+    """Bytes start..end of a plain jsonl file, read by a worker (read_block): the lines that begin in the range.
+    Line numbers are known only once the blocks before it are counted, so bad documents are reported by index."""
+
+    source: str
+    start: int
+    end: int
+    kind: str = "jsonl"
+    unit: str = "line"
+
+    @property
+    def done_bytes(self) -> int:
+        return self.end
+
+
+def read_block(block: Block) -> Chunk:
+    """The lines (bytes, blank ones included) that begin in block.start..block.end; item i is line i of the block."""
+    with open(block.source, "rb") as f:
+        start = 0
+        if block.start > 0:
+            f.seek(block.start - 1)
+            f.readline()  # the line holding byte start - 1 belongs to the block before
+            start = f.tell()
+        data = f.read(block.end - start) if start < block.end else b""
+        if data and not data.endswith(b"\n"):
+            data += f.readline()  # the last line begins in the block: read it whole
+    lines = data.split(b"\n")
+    if lines[-1]:
+        lines[-1] += b"\n"  # (a last line without a newline; the \n only keeps items alike)
+    else:
+        lines.pop()
+    return Chunk(block.source, "jsonl", lines, first=0, done_bytes=block.end)
+
+
+def iter_tasks(source: str, json_key: str = "text", txt_mode: str = "file", hf_split: str = "train",
+               chunk_docs: int = CHUNK_DOCS, block_bytes: int = 0) -> Iterator:
+    """Like iter_chunks, but a plain (uncompressed) jsonl file comes as Blocks of block_bytes for the workers to
+    read (no lines cross from the reading process to the workers) when block_bytes > 0."""
+    if block_bytes > 0 and source.endswith(JSONL_SUFFIXES) and os.path.isfile(source):
+        size = os.path.getsize(source)
+        if size == 0:
+            raise InputError(f"empty input: no documents in {source} (an empty shard): remove it from the inputs, "
+                             "or pass --skip-bad to skip it")
+        for start in range(0, size, block_bytes):
+            yield Block(source, start, min(start + block_bytes, size))
+        return
+    yield from iter_chunks(source, json_key=json_key, txt_mode=txt_mode, hf_split=hf_split, chunk_docs=chunk_docs)
 
 
 # ----------------------------------------------------------------------------------------------
