@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     g("--lr-warmup-iters", type=int, default=0)
     g("--lr-decay-style", default="cosine", choices=["cosine", "linear", "constant"])
     g("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+    g("--override-opt_param-scheduler", "--override-opt-param-scheduler", dest="override_opt_param_scheduler",
+      action="store_true",
+      help="on resume, follow this command's LR schedule (--lr, --min-lr, warmup, decay, --weight-decay) from the "
+           "resumed iteration on, instead of the checkpoint's; the optimizer state is kept (Megatron-LM's flag)")
+    g("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+      dest="use_checkpoint_opt_param_scheduler", action="store_true",
+      help="on resume, keep the checkpoint's LR schedule and ignore this command's schedule flags (Megatron-LM's "
+           "flag). Without either flag a resume whose schedule flags differ from the checkpoint's is refused")
     g("--clip-grad", type=float, default=1.0)
     g("--weight-decay", type=float, default=0.1)
     g("--weight-decay-params", default="matrices", choices=list(archs.WEIGHT_DECAY_PARAMS),
@@ -248,6 +256,9 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
             errors.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
         errors.append(f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr}) and --lr > 0")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        errors.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler exclude each other: "
+                      "pass one (the command's LR schedule, or the checkpoint's)")
     decay = args.lr_decay_iters or args.train_iters
     if not 0 <= args.lr_warmup_iters < decay:
         errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "

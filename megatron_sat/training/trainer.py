@@ -84,6 +84,7 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     try:
         setup = configure(args, log)
         resume, pretrained, tokenizer, data = check_inputs(args, setup, log)
+        schedule_mode = choose_schedule(args, resume, log)
     except UsageError as err:  # every rank sees the same error: report it once, build nothing
         log(f"megatron-sat-train: error: {err}")
         return 2
@@ -92,7 +93,8 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
             f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
         return 0
     try:
-        loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner)
+        loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner,
+                    schedule_mode=schedule_mode)
     except ckpt.CheckpointError as err:
         log(f"megatron-sat-train: error: {err}")
         return 2
@@ -178,15 +180,28 @@ def check_inputs(args, setup: Setup, log):
     return resume, pretrained, tokenizer, data
 
 
+def choose_schedule(args, resume, log) -> str:
+    """Whose LR schedule a resumed run follows (schedule.py): the checkpoint's or the command's (UsageError when
+    they differ and no flag says which)."""
+    from megatron_sat.training import schedule
+
+    if resume is None:
+        return schedule.OVERRIDE
+    try:
+        return schedule.choose(resume.common.get("opt_param_scheduler"), args, resume.iteration, log)
+    except schedule.ScheduleChanged as err:
+        raise UsageError(str(err)) from None
+
+
 class Loop:
     """The built run: model, optimizer, scheduler, data, saver, monitor; run() trains it."""
 
-    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None):
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
+    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None,
+                 schedule_mode: str = "override"):
         from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
         from megatron_sat.parallel.layout import initialize
         from megatron_sat.training import checkpointing as ckpt
+        from megatron_sat.training import schedule
         from megatron_sat.training.data import build_iterators
         from megatron_sat.training.gate_telemetry import GateTelemetry
         from megatron_sat.training.monitor import Monitor
@@ -209,11 +224,8 @@ class Loop:
             overlap_grad_reduce=args.overlap_grad_reduce, lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_eps, weight_decay_params=args.weight_decay_params)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-            lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters or args.train_iters,
-            lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
-            wd_incr_steps=args.train_iters, wd_incr_style="constant")
+        self.schedule_mode = schedule_mode
+        self.scheduler = schedule.build(self.optimizer, args, schedule_mode)
         self.iteration, self.consumed = self._restore(resume, pretrained)
         self.train_iter, self.valid_iters = build_iterators(args, tokenizer, data, self.consumed)
         self.flops_tok = flops_per_token(config, args.seq_length, vocab_size)
@@ -241,7 +253,10 @@ class Loop:
 
         args, log = self.args, self.log
         if resume is not None:
-            loaded = ckpt.restore(resume, self.chunks, self.optimizer, self.scheduler)
+            from megatron_sat.training.schedule import align_param_groups
+
+            loaded = ckpt.restore(resume, self.chunks, self.optimizer, self.scheduler,
+                                  align=lambda state: align_param_groups(state, self.optimizer, self.schedule_mode))
             saved = loaded["layout"]
             unverified = "; files not verified: no manifest" if args.verify_checkpoint and not resume.verified else ""
             log(f"resumed from {loaded['directory']} (iteration {loaded['iteration']}, saved at TP{saved['tp']} x "
