@@ -42,6 +42,7 @@ setup(
     },
     entry_points={"console_scripts": [
         "megatron-sat-train = megatron_sat.train:main",
+        "megatron-sat-torchrun = megatron_sat.torchrun:main",
         "megatron-sat-collect-grid = megatron_sat.analysis.collect:main",
         *(f"megatron-sat-{name.replace('_', '-')} = megatron_sat_tools.{name}:main" for name in (
             "convert_to_hf", "convert_from_hf", "preprocess_data", "evaluate", "analyze_gates", "plan_layout",

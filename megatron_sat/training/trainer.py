@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from megatron_sat import compat
-from megatron_sat.training.signals import StopSignal
+from megatron_sat.training.signals import StopSignal, bind_to_launcher
 
 # resolved model fields recorded in config.json and in every checkpoint (a resume is checked against them)
 MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
@@ -77,9 +77,11 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     from megatron_sat.training import checkpointing as ckpt
 
     stop = stop or StopSignal()
+    bind_to_launcher()
     t_start = time.time()
     init_from_env()
     rank = torch.distributed.get_rank()
+    stop.is_logger = rank == 0
     log = (lambda text: print(text, flush=True)) if rank == 0 else (lambda text: None)
     try:
         setup = configure(args, log)
@@ -209,6 +211,7 @@ class Loop:
         from megatron_sat.training.step import setup_model_and_optimizer
 
         self.args, self.setup, self.stop, self.t_start, self.log = args, setup, stop, t_start, log
+        stop.kept = lambda: f"{_describe_checkpoint(args.save)}; resume with --load {args.save}"
         rank = torch.distributed.get_rank()
         if rank == 0 and os.path.isdir(args.save):
             stale = clean_stale(args.save)
