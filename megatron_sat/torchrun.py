@@ -14,7 +14,8 @@ rendezvous and restarts) with three defaults changed, because plain torchrun los
   * the workers get `--shutdown-timeout` 600 s (torch's default is 30) to finish their save before SIGKILL;
   * torchrun raises on any forwarded signal and exits 1, even when every rank saved and exited 0: here that
     case exits 0 with one line, so that a requeue script tells a clean stop from a failure. If a rank failed
-    or had to be killed, the exit code is 1, as torchrun's.
+    or had to be killed, the exit code is 1, as torchrun's; if the hang watchdog (--hang-timeout-minutes)
+    stopped a rank, it is that rank's code, 75 (torchrun would say 1).
 
 The trainer's ranks also ask Linux for SIGTERM when torchrun dies (PR_SET_PDEATHSIG, megatron_sat.training.
 signals.bind_to_launcher): under plain torchrun, or when the launcher is killed with SIGKILL, they save at their
@@ -69,14 +70,23 @@ def _record_exit_codes() -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.run import parse_args, run
+
+    from megatron_sat.training.watchdog import HANG_EXIT
 
     argv = with_defaults(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     _record_exit_codes()
     try:
         record(run)(args)  # as torchrun's main: a failed rank's error is summarised, exit 1
+    except ChildFailedError as e:
+        codes = {f.exitcode for fails in [e.failures] for f in fails.values()}
+        if HANG_EXIT in codes:  # the hang watchdog stopped the job: the code a requeue script retries on
+            print(f"megatron-sat-torchrun: the hang watchdog stopped the job (exit {HANG_EXIT}: retry it)",
+                  file=sys.stderr, flush=True)
+            return HANG_EXIT
+        return 1
     except SignalException as e:
         name = signal.Signals(e.sigval).name
         if _exit_codes and all(code == 0 for code in _exit_codes):

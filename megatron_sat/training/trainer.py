@@ -75,11 +75,13 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     passes megatron_sat.analysis.training_tasks.TaskRunner: training does not import analysis)."""
     from megatron_sat.parallel.process_group import init_from_env
     from megatron_sat.training import checkpointing as ckpt
+    from megatron_sat.training.watchdog import enable_flight_recorder
 
     stop = stop or StopSignal()
     bind_to_launcher()
     t_start = time.time()
-    init_from_env()
+    enable_flight_recorder()  # the hang watchdog names the last collectives
+    init_from_env(timeout_minutes=args.distributed_timeout_minutes)
     rank = torch.distributed.get_rank()
     stop.is_logger = rank == 0
     log = (lambda text: print(text, flush=True)) if rank == 0 else (lambda text: None)
@@ -220,7 +222,7 @@ class Loop:
         layout, config = setup.layout, setup.config
         multiple = args.make_vocab_size_divisible_by * layout.tp  # as Megatron-LM: embedding rows split over TP
         vocab_size = -(-tokenizer.vocab_size // multiple) * multiple
-        initialize(layout, seed=args.seed)
+        initialize(layout, seed=args.seed, timeout_minutes=args.distributed_timeout_minutes)
         self.chunks, num_params, self.optimizer = setup_model_and_optimizer(
             config, vocab_size=vocab_size, max_sequence_length=args.seq_length, rotary_base=args.rotary_base,
             backend=setup.backend, use_distributed_optimizer=setup.dist_opt,
@@ -276,6 +278,18 @@ class Loop:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
+        from megatron_sat.training.watchdog import Watchdog
+
+        args = self.args
+        hang = args.distributed_timeout_minutes if args.hang_timeout_minutes is None else args.hang_timeout_minutes
+        self.watchdog = Watchdog(args.save, torch.distributed.get_rank(), self.setup.world, 60 * hang,
+                                 log=self.log).start()
+        try:
+            return self._run()
+        finally:
+            self.watchdog.close()
+
+    def _run(self) -> int:
         from megatron_sat.training import checkpointing as ckpt
         from megatron_sat.training.step import NonFiniteLoss
 
@@ -286,6 +300,7 @@ class Loop:
             train_time = time.time() - t_train
             if args.save and self.last_saved != self.iteration and (args.save_final or exit_reason):
                 self._save()
+            self.watchdog.beat("finishing the last save")
             self.saver.finalize()
         except NonFiniteLoss as e:
             self.monitor.close(status="failed", reason=f"{e} at iteration {self.iteration + 1}")
@@ -322,6 +337,7 @@ class Loop:
         args, setup = self.args, self.setup
         window = Window()
         while self.iteration < args.train_iters:
+            self.watchdog.beat(f"step {self.iteration + 1}")
             self.saver.poll()  # commits an asynchronous save whose files are written
             t0 = time.time()
             time_up = (args.exit_duration_in_mins is not None and torch.distributed.get_rank() == 0
@@ -376,20 +392,26 @@ class Loop:
         it = self.valid_iters()
         if it is None:
             return None
+        progress = lambda i: self.watchdog.beat(f"evaluation pass {i + 1} after step {self.iteration}")  # noqa: E731
         with self.gates.paused() if self.gates else contextlib.nullcontext():
             val_loss = evaluate(self.chunks, self.optimizer, self.setup.config, it, iterations=self.setup.eval_passes,
                                 num_microbatches=self.setup.eval_micro, seq_length=self.args.seq_length,
-                                micro_batch_size=self.args.micro_batch_size)
+                                micro_batch_size=self.args.micro_batch_size, progress=progress)
         self.monitor.log_eval(self.iteration, val_loss)
         return val_loss
 
     def _evaluate_tasks(self) -> None:
         """--eval-tasks: lm-eval tasks on the model as it is (a failing task is reported, training goes on)."""
-        with self.gates.paused() if self.gates else contextlib.nullcontext():
-            scores, failures = self.tasks(self.iteration)
+        self.watchdog.pause("lm-eval tasks")  # of unknown length: the process groups' timeout still applies
+        try:
+            with self.gates.paused() if self.gates else contextlib.nullcontext():
+                scores, failures = self.tasks(self.iteration)
+        finally:
+            self.watchdog.pause(None)
         self.monitor.log_tasks(self.iteration, scores, failures)
 
     def _save(self) -> None:
+        self.watchdog.beat(f"save of iteration {self.iteration}")
         self.saver.save(self.iteration, consumed_samples=self.consumed, args=dict(vars(self.args)),
                         model=self.setup.model_fields)
         self.last_saved = self.iteration
