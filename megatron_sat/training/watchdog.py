@@ -65,7 +65,7 @@ class Watchdog:
                  log: Callable[[str], None] = print, interval_s: Optional[float] = None):
         self.folder = os.path.join(run_folder, FOLDER)
         self.rank, self.world, self.timeout_s, self.log = rank, world, timeout_s, log
-        self.interval_s = interval_s or max(0.2, min(5.0, timeout_s / 5))
+        self.interval_s = interval_s or max(0.2, min(5.0, timeout_s / 10))
         self.where, self.last = "starting", time.time()
         self.paused: Optional[str] = None
         self._stop = threading.Event()
@@ -154,7 +154,8 @@ class Watchdog:
                      if silent > stale_after else f"alive, no progress for {now - hb['progress_at']:.0f} s")
             if silent > stale_after:
                 stopped.append(r)
-            lines.append(f"  rank {r} ({hb['host']} pid {hb['pid']}): {state}; last at: {hb['where']}")
+            heard = time.strftime("%H:%M:%S", time.localtime(hb["written_at"]))
+            lines.append(f"  rank {r} ({hb['host']} pid {hb['pid']}): {state}; last heard at {heard}: {hb['where']}")
         culprit = (f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped responding"
                    if stopped else "no rank stopped responding: every rank waits (a deadlock, or a slow step, "
                    "evaluation or save: raise --hang-timeout-minutes if so)")
