@@ -6,11 +6,13 @@
                        manifest verified, the same model) and the data (data/checks.py)
       3. build         model, optimizer, scheduler (step.setup_model_and_optimizer), then restore
       4. loop          step.train_step -> log -> evaluate -> save, until done or told to stop
-                       (SIGTERM/SIGUSR1, --exit-duration-in-mins, --exit-interval: save and exit 0)
+                       (SIGTERM/SIGUSR1/SIGINT, --exit-duration-in-mins, --exit-interval: save and exit 0),
+                       watched for hangs (watchdog.py)
       5. finish        the last save, the final validation loss, where everything is
 
 Exit codes: 0 done or stopped cleanly, 2 bad input (one line that says what to do, before anything is
-built), 3 NaN/Inf loss (the last good checkpoint stays), 4 a checkpoint could not be written.
+built), 3 NaN/Inf loss (the last good checkpoint stays), 4 a checkpoint could not be written, 75 a hung rank
+(watchdog.HANG_EXIT), 130 a second SIGINT (signals.StopSignal).
 """
 
 import contextlib
