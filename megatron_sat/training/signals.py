@@ -139,6 +139,7 @@ def shielded_async_request(request):
 
     def writer(*args, **kwargs):
         die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to count (StopSignal), not the writer's
         return fn(*args, **kwargs)
 
     return request._replace(async_fn=writer)

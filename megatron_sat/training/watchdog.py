@@ -78,9 +78,14 @@ class Watchdog:
     def start(self) -> "Watchdog":
         if not self.enabled:
             return self
-        os.makedirs(self.folder, exist_ok=True)
-        if self.rank == 0 and os.path.exists(os.path.join(self.folder, MARKER)):
-            os.remove(os.path.join(self.folder, MARKER))  # an earlier hang of this run: its rerun is under way
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            if self.rank == 0 and os.path.exists(os.path.join(self.folder, MARKER)):
+                os.remove(os.path.join(self.folder, MARKER))  # an earlier hang of this run: its rerun is under way
+        except OSError as e:
+            self.log(f"warning: no hang watchdog: cannot write heartbeats to {self.folder} ({e.strerror})")
+            self.timeout_s = 0
+            return self
         self.beat("starting the training loop")
         self._thread = threading.Thread(target=self._run, name="megatron-sat-watchdog", daemon=True)
         self._thread.start()
