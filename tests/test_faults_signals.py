@@ -94,7 +94,8 @@ def runs(tmp_path_factory):
                  "two more steps")
         out["I2_children"] = _descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.05)
+        # the second once the first is taken (two signals before Python's handler runs would count as one)
+        wait_for(lambda: "saving at the end of this step" in _log(tmp / "I2.log"), proc, "the first SIGINT")
         os.killpg(proc.pid, signal.SIGINT)
         out["I2_rc"] = proc.wait(timeout=300)
     finally:
@@ -116,7 +117,7 @@ def test_sigint_once_during_a_save_and_twice_in_training(runs):
     assert len(lines) == 1, runs["I2"][-3000:]
     stop = runs["I2_stop"]
     assert f"kept: {runs['tmp'] / 'I'}/iter_{stop:07d} (iteration {stop}); resume with --load" in lines[0], lines
-    assert stop in (5, 8)
+    assert stop >= 5
     assert not runs["I2_left"], f"processes outlived the trainer: {runs['I2_left']}"
     ref, ref_val = metrics(runs["tmp"] / "R")
     got, val = metrics(runs["tmp"] / "I")
