@@ -142,12 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
       help="write checkpoints in a background process (Megatron-Core's async dist-checkpoint save) while "
            "training goes on; each is finished before the next save, at the end and on a signal")
     g("--no-save-final", dest="save_final", action="store_false", help="skip the final checkpoint")
-    g("--distributed-timeout-minutes", type=float, default=10.0,
-      help="how long a collective of the process groups may wait before it fails (Megatron-LM's flag)")
+    g("--distributed-timeout-minutes", type=float, default=None,
+      help="how long a collective of the process groups may wait before it fails (Megatron-LM's flag; default: "
+           "torch's, 30 min under gloo, 10 under NCCL; it also bounds rank 0's data checks while the others wait)")
     g("--hang-timeout-minutes", type=float, default=None,
       help="hang watchdog: a rank that makes no progress (a step, an evaluation pass, a save) for this long names "
            "the ranks that stopped and where, prints its Python stacks and exits 75, which slurm/launch.sh "
-           "requeues (default: --distributed-timeout-minutes; 0: off). Must exceed the longest step and save")
+           "requeues (default: --distributed-timeout-minutes, else 10; 0: off). Must exceed the longest step, "
+           "evaluation pass and save")
     g("--exit-interval", type=int, default=None, help="save and exit at the first iteration that is a multiple of N")
     g("--exit-duration-in-mins", type=float, default=None, help="save and exit after this wall time")
     g("--eval-interval", type=int, default=None)
@@ -262,7 +264,8 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
             errors.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
         errors.append(f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr}) and --lr > 0")
-    if args.distributed_timeout_minutes <= 0 or (args.hang_timeout_minutes or 0) < 0:
+    if (args.distributed_timeout_minutes is not None and args.distributed_timeout_minutes <= 0) \
+            or (args.hang_timeout_minutes or 0) < 0:
         errors.append("--distributed-timeout-minutes must be > 0 and --hang-timeout-minutes >= 0 (0 turns the "
                       "watchdog off)")
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:

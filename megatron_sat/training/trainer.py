@@ -283,7 +283,9 @@ class Loop:
         from megatron_sat.training.watchdog import Watchdog
 
         args = self.args
-        hang = args.distributed_timeout_minutes if args.hang_timeout_minutes is None else args.hang_timeout_minutes
+        hang = args.hang_timeout_minutes
+        if hang is None:
+            hang = args.distributed_timeout_minutes or 10.0
         self.watchdog = Watchdog(args.save, torch.distributed.get_rank(), self.setup.world, 60 * hang,
                                  log=self.log).start()
         try:
