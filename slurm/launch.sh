@@ -21,6 +21,8 @@
 #   SIGTERM (scancel, or preemption with PreemptMode=REQUEUE) reaches the ranks from Slurm directly; the
 #   trainer also saves on it, and the shell does not requeue (a cancel means stop; Slurm requeues preempted
 #   jobs itself). MSAT_REQUEUE=0 turns self-requeue off (tools/submit_grid.py --segments chains jobs instead).
+#   A hung rank (the trainer's watchdog, --hang-timeout-minutes: exit 75 and RUN/.watchdog/hang.json) is requeued
+#   too, up to MSAT_MAX_RESTARTS times, and resumes from the last checkpoint.
 
 msat_die() { echo "megatron-sat slurm: error: $*" >&2; exit 2; }
 
@@ -140,6 +142,8 @@ msat_train() {
     local cmd=("$MSAT_PYTHON" -m megatron_sat.train --recipe "$recipe" "$@" "${extra[@]}"
                --save "$run_dir" --load "$run_dir" --no-progress-bar)
     echo "megatron-sat slurm: srun ${MSAT_SRUN_CONTAINER[*]} ${MSAT_EXEC[*]} ${cmd[*]}"
+    local hang_marker="$run_dir/.watchdog/hang.json"
+    rm -f "$hang_marker"
     # shellcheck disable=SC2086
     srun --kill-on-bad-exit=1 --export=ALL "${MSAT_SRUN_CONTAINER[@]}" $MSAT_SRUN_EXTRA "${MSAT_EXEC[@]}" "${cmd[@]}" &
     MSAT_STEP_PID=$!
@@ -149,6 +153,20 @@ msat_train() {
     if [ "$now" -ge "$TRAIN_ITERS" ]; then
         echo "megatron-sat slurm: run complete ($now/$TRAIN_ITERS steps) in $run_dir"
         return 0
+    fi
+    # A hung rank: the trainer's watchdog (--hang-timeout-minutes) exits 75 and writes the marker (srun reports
+    # the highest code or signal of its tasks, so the ranks it kills may hide the 75). Requeue, progress or not.
+    if [ "$rc" -ne 0 ] && { [ "$rc" -eq 75 ] || [ -f "$hang_marker" ]; }; then
+        echo "megatron-sat slurm: the hang watchdog stopped the job (exit $rc) at checkpoint $now/$TRAIN_ITERS"
+        if [ "${MSAT_REQUEUE:-1}" = 1 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$MSAT_MAX_RESTARTS" ]; then
+            echo "megatron-sat slurm: requeueing job $SLURM_JOB_ID to resume from step $now"
+            MSAT_REQUEUED=1
+            scontrol requeue "$SLURM_JOB_ID" || msat_die "scontrol requeue $SLURM_JOB_ID failed"
+            sleep 5
+            return 0
+        fi
+        echo "megatron-sat slurm: not requeueing (MSAT_REQUEUE=${MSAT_REQUEUE:-1}, restarts ${SLURM_RESTART_COUNT:-0} of $MSAT_MAX_RESTARTS)" >&2
+        return 75
     fi
     if [ "$rc" -ne 0 ]; then
         echo "megatron-sat slurm: training exited $rc at checkpoint $now/$TRAIN_ITERS; not requeueing" >&2

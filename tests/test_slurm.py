@@ -8,7 +8,8 @@ munge, slurmctld, slurmd, installed with apt-get when absent) running the real t
   * tools/submit_grid.py --submit runs a 2-entry job array (debug_transformer, debug_resformer) -> both finish;
   * preemption: USR1 to the batch shell (what --signal=B:USR1@180 sends before the time limit) after the job has
     saved -> the trainer checkpoints, the job requeues itself, resumes and finishes with the losses of an
-    uninterrupted run.
+    uninterrupted run;
+  * a hung rank (SIGSTOP): the watchdog stops the job (exit 75), launch.sh requeues it, it resumes exactly.
 Skipped (with the reason) only when Slurm is absent and apt-get cannot reach the package registry.
 """
 
@@ -162,6 +163,61 @@ def test_preempted_job_requeues_and_resumes(cluster, site, tmp_path):
     train_cli.train("--recipe", "debug_transformer", *flags, "--save", straight, "--no-progress-bar", nproc=2)
     ref = {m["step"]: m["loss"] for m in metrics(straight) if "loss" in m}
     assert train == ref, [s for s in ref if train.get(s) != ref[s]][:5]
+
+
+
+def _rank_process(folder, procid):
+    """The trainer task of Slurm rank `procid` training into `folder`."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "megatron_sat.train" in " ".join(proc.info["cmdline"] or []) and folder in proc.info["cmdline"] \
+                    and proc.environ().get("SLURM_PROCID") == str(procid):
+                return proc
+        except psutil.Error:
+            pass
+    return None
+
+
+def test_a_hung_rank_is_requeued_and_resumes(cluster, site):
+    """One rank of a 2-task job SIGSTOPped: the other rank's watchdog names it within --hang-timeout-minutes and
+    exits 75, slurm/launch.sh requeues the job, which resumes from the last checkpoint and repeats the losses."""
+    iters = 40
+    flags = ("--train-iters", str(iters), "--log-interval", "1", "--save-interval", "5", "--eval-interval", "1000",
+             "--hang-timeout-minutes", "0.25")
+    folder = run_dir(site, "debug_transformer", *flags)
+    job = sbatch_train(cluster, site, "msat-hang", "debug_transformer", *flags)
+    log_path = f"{site['logs']}/msat-hang-{job}.out"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        steps = [m["step"] for m in metrics(folder) if "loss" in m]
+        if (tracker(folder) or 0) >= 5 and steps and steps[-1] >= 8:
+            break
+        assert cluster.states(job)[0] in ("PENDING", "RUNNING"), read(log_path)
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"training did not reach step 8:\n{read(log_path)}")
+    rank1 = _rank_process(folder, 1)
+    assert rank1 is not None, "rank 1's process not found"
+    rank1.suspend()  # SIGSTOP
+    deadline = time.time() + 120
+    while "the hang watchdog stopped the job" not in read(log_path):
+        assert time.time() < deadline, read(log_path)
+        time.sleep(0.1)
+    first = {m["step"]: m["loss"] for m in metrics(folder) if "loss" in m}
+    stopped = tracker(folder)
+    state = cluster.wait(job, timeout=900)
+    log = read(log_path)
+    assert state == "COMPLETED", log
+    assert int(cluster.job(job)[0]["Restarts"]) == 1, log
+    assert "rank 1 stopped responding" in log and "NOT RESPONDING" in log, log
+    assert f"requeueing job {job} to resume from step {stopped}" in log, log
+    assert re.search(rf"resumed from \S+iter_{stopped:07d} \(iteration {stopped}", log), log
+    assert tracker(folder) == iters
+    again = {m["step"]: m["loss"] for m in metrics(folder) if "loss" in m}
+    repeated = [s for s in first if s > stopped]
+    assert repeated and all(again[s] == first[s] for s in repeated), [(s, first[s], again[s]) for s in repeated]
 
 
 def test_profile_sbatch(cluster, site):

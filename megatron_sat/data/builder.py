@@ -29,6 +29,7 @@ Batch dict (``b`` = micro-batch size, ``s`` = sequence length)::
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -71,8 +72,9 @@ def parse_blend(data: Union[str, Sequence]) -> Blend:
 
     if len(items) % 2 == 0 and all(is_number(x) for x in items[0::2]):
         weights = [float(x) for x in items[0::2]]
-        if any(w <= 0 for w in weights):
-            raise ValueError(f"blend weights must be > 0, got {weights}")
+        if not all(0 < w < math.inf for w in weights):  # NaN compares False: refused too
+            raise ValueError(f"blend weights must be finite numbers > 0, got {' '.join(items[0::2])}: "
+                             "write the data path as 'w1 prefix1 w2 prefix2 ...'")
         return [str(p) for p in items[1::2]], weights
     if any(is_number(x) for x in items):
         raise ValueError(f"cannot parse blend {items}: use 'w1 p1 w2 p2 ...' or 'p1 p2 ...'")

@@ -47,6 +47,9 @@ def check_dataset(prefix: str, tokenizer, allow_tokenizer_mismatch: bool = False
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    if os.path.isfile(bin_path) and os.path.getsize(bin_path) == 0:  # Megatron cannot even open it (mmap)
+        raise DataError(f"{bin_path} is empty: the dataset {prefix} holds no documents. Remove it from the data "
+                        "path, or re-run tools/preprocess_data.py on inputs that hold text")
     try:
         ds = IndexedDataset(prefix, mmap=True)
     except Exception as e:  # noqa: BLE001 (a truncated or foreign .idx fails in many ways)
@@ -57,6 +60,9 @@ def check_dataset(prefix: str, tokenizer, allow_tokenizer_mismatch: bool = False
     itemsize = numpy.dtype(index.dtype).itemsize
     expected = int(pointers[-1]) + int(lengths[-1]) * itemsize if len(lengths) else 0
     actual = os.path.getsize(bin_path)
+    if not len(lengths) or not expected:
+        raise DataError(f"{idx_path} lists no documents: the dataset {prefix} is empty. Remove it from the data "
+                        "path, or re-run tools/preprocess_data.py on inputs that hold text")
     if actual != expected:
         raise DataError(f"{bin_path} has {actual:,} bytes but {idx_path} describes {expected:,} (truncated or from "
                         "another run): re-run tools/preprocess_data.py, or copy the .bin and .idx together")
@@ -87,6 +93,22 @@ def _tokenizer_differences(meta: dict, tokenizer) -> list:
         out.append(f"vocabulary {meta['vocab_size']} there, {tokenizer.vocab_size} here")
     if meta.get("eod") is not None and meta["eod"] != tokenizer.eod:
         out.append(f"end-of-document id {meta['eod']} there, {tokenizer.eod} here")
+    return out
+
+
+def split_errors(prefix: str, documents: int, shares, needed) -> list:
+    """Megatron's --split divides a dataset by whole documents: a split the run reads (needed[i] > 0) that gets
+    none of them is refused here (Megatron would fail deep in the dataset build, or loop)."""
+    total = sum(shares)
+    out, start = [], 0.0
+    for name, share, need in zip(("train", "valid", "test"), shares, needed):
+        end = start + share / total
+        if share > 0 and need and int(round(end * documents)) <= int(round(start * documents)):
+            out.append(f"the {name} split of {prefix} gets no document: --split divides its {documents} "
+                       f"document{'s' if documents != 1 else ''} whole. Use more documents, a larger {name} share, or "
+                       f"separate data for it ({'--valid-data-path' if name == 'valid' else '--train-data-path'})"
+                       + (" or --split 100,0,0 without evaluation" if name != "train" else ""))
+        start = end
     return out
 
 

@@ -117,7 +117,7 @@ def destroy() -> None:
     parallel_state.destroy_model_parallel()
 
 
-def initialize(layout: Layout, seed: int = 1234) -> None:
+def initialize(layout: Layout, seed: int = 1234, timeout_minutes: Optional[float] = None) -> None:
     """Create the process groups for `layout` (torch.distributed must be initialised) and seed RNGs.
 
     Seeds as Megatron-LM does: the same seed on every rank of a TP group, offset by PP rank, so that
@@ -129,6 +129,7 @@ def initialize(layout: Layout, seed: int = 1234) -> None:
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
+        **({} if timeout_minutes is None else dict(distributed_timeout_minutes=timeout_minutes)),
     )
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -5,6 +5,8 @@ The trainer, the conversion tools, the profiler and the CPU smoke test all start
 
 import os
 import socket
+from datetime import timedelta
+from typing import Optional
 
 import torch
 
@@ -17,13 +19,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_from_env(single_only: bool = False) -> None:
+def init_from_env(single_only: bool = False, timeout_minutes: Optional[float] = None) -> None:
     """Initialise the default process group (a no-op when one exists).
 
     torchrun sets RANK/WORLD_SIZE/MASTER_*; under srun they come from SLURM_PROCID/SLURM_NTASKS (the master
     from SLURM_LAUNCH_NODE_IPADDR and the job id, unless MASTER_ADDR/PORT are set, as slurm/launch.sh does);
     a lone process becomes rank 0 of 1 on a free local port. single_only: refuse a world larger than 1
-    (ValueError), for tools that run in one process."""
+    (ValueError), for tools that run in one process. timeout_minutes: how long a collective may wait before it
+    fails (the trainer's --distributed-timeout-minutes; torch's default otherwise)."""
     compat.ensure_cpu_compat()
     env = os.environ
     if torch.distributed.is_initialized():
@@ -40,4 +43,5 @@ def init_from_env(single_only: bool = False) -> None:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
-    torch.distributed.init_process_group(backend=compat.dist_backend())
+    kwargs = {} if timeout_minutes is None else dict(timeout=timedelta(minutes=timeout_minutes))
+    torch.distributed.init_process_group(backend=compat.dist_backend(), **kwargs)

@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     g("--lr-warmup-iters", type=int, default=0)
     g("--lr-decay-style", default="cosine", choices=["cosine", "linear", "constant"])
     g("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+    g("--override-opt_param-scheduler", "--override-opt-param-scheduler", dest="override_opt_param_scheduler",
+      action="store_true",
+      help="on resume, follow this command's LR schedule (--lr, --min-lr, warmup, decay, --weight-decay) from the "
+           "resumed iteration on, instead of the checkpoint's; the optimizer state is kept (Megatron-LM's flag)")
+    g("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+      dest="use_checkpoint_opt_param_scheduler", action="store_true",
+      help="on resume, keep the checkpoint's LR schedule and ignore this command's schedule flags (Megatron-LM's "
+           "flag). Without either flag a resume whose schedule flags differ from the checkpoint's is refused")
     g("--clip-grad", type=float, default=1.0)
     g("--weight-decay", type=float, default=0.1)
     g("--weight-decay-params", default="matrices", choices=list(archs.WEIGHT_DECAY_PARAMS),
@@ -134,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
       help="write checkpoints in a background process (Megatron-Core's async dist-checkpoint save) while "
            "training goes on; each is finished before the next save, at the end and on a signal")
     g("--no-save-final", dest="save_final", action="store_false", help="skip the final checkpoint")
+    g("--distributed-timeout-minutes", type=float, default=None,
+      help="how long a collective of the process groups may wait before it fails (Megatron-LM's flag; default: "
+           "torch's, 30 min under gloo, 10 under NCCL; it also bounds rank 0's data checks while the others wait)")
+    g("--hang-timeout-minutes", type=float, default=None,
+      help="hang watchdog: a rank that makes no progress (a step, an evaluation pass, a save) for this long names "
+           "the ranks that stopped and where, prints its Python stacks and exits 75, which slurm/launch.sh "
+           "requeues (default: --distributed-timeout-minutes, else 10; 0: off). Must exceed the longest step, "
+           "evaluation pass and save")
     g("--exit-interval", type=int, default=None, help="save and exit at the first iteration that is a multiple of N")
     g("--exit-duration-in-mins", type=float, default=None, help="save and exit after this wall time")
     g("--eval-interval", type=int, default=None)
@@ -248,6 +264,13 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
             errors.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
         errors.append(f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr}) and --lr > 0")
+    if (args.distributed_timeout_minutes is not None and args.distributed_timeout_minutes <= 0) \
+            or (args.hang_timeout_minutes or 0) < 0:
+        errors.append("--distributed-timeout-minutes must be > 0 and --hang-timeout-minutes >= 0 (0 turns the "
+                      "watchdog off)")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        errors.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler exclude each other: "
+                      "pass one (the command's LR schedule, or the checkpoint's)")
     decay = args.lr_decay_iters or args.train_iters
     if not 0 <= args.lr_warmup_iters < decay:
         errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "
@@ -263,6 +286,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         if missing:
             errors.append(f"--data-path: no indexed dataset (.bin + .idx) at {', '.join(missing)} "
                           "(make one with tools/preprocess_data.py)")
+        errors += blend_errors("--data-path", args.data_path)
         if not args.tokenizer_model:
             errors.append("--data-path needs --tokenizer-model (the tokenizer the data was made with)")
     if args.mock_data and not args.vocab_size:
@@ -358,8 +382,24 @@ def split_path_errors(args: argparse.Namespace) -> List[str]:
             if missing or not prefixes:
                 errors.append(f"--{name}-data-path: no indexed dataset (.bin + .idx) at "
                               f"{', '.join(missing) or 'nothing given'} (make one with tools/preprocess_data.py)")
+            errors += blend_errors(f"--{name}-data-path", value)
     if per_split["train"] and not args.tokenizer_model:
         errors.append("--train-data-path needs --tokenizer-model (the tokenizer the data was made with)")
+    return errors
+
+
+def blend_errors(flag: str, value: Sequence[str]) -> List[str]:
+    """A blend's weights (finite, > 0; NaN too is refused) and empty .bin files, before anything is imported
+    (data/checks.py checks the rest of each dataset, e.g. an .idx that lists no document, before step 1)."""
+    items = " ".join(value).split()
+    errors = []
+    weights = items[0::2] if len(items) % 2 == 0 and all(_is_number(x) for x in items[0::2]) else []
+    if weights and not all(0 < float(w) < float("inf") for w in weights):
+        errors.append(f"{flag}: blend weights must be finite numbers > 0, got {' '.join(weights)}: write it as "
+                      "'w1 prefix1 w2 prefix2 ...'")
+    empty = [x for x in items if not _is_number(x) and os.path.isfile(x + ".bin") and os.path.getsize(x + ".bin") == 0]
+    errors += [f"{flag}: {x}.bin is empty: the dataset {x} holds no documents. Remove it from {flag}, or re-run "
+               "tools/preprocess_data.py on inputs that hold text" for x in empty]
     return errors
 
 

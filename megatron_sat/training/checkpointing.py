@@ -342,10 +342,11 @@ def find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: boo
             iteration = older
 
 
-def restore(point: ResumePoint, chunks, optimizer, scheduler) -> dict:
+def restore(point: ResumePoint, chunks, optimizer, scheduler, align: Optional[Callable[[dict], None]] = None) -> dict:
     """Load everything from a resume point; returns its common state plus 'rng_restored' and 'directory'.
 
-    RNG states are restored only when TP and PP match the saved layout (they are per rank)."""
+    RNG states are restored only when TP and PP match the saved layout (they are per rank). align(loaded optimizer
+    state) runs before the optimizer loads it (schedule.align_param_groups: a changed LR schedule)."""
     saved, now = point.common["layout"], layout_key()
     same_ranks = saved["tp"] == now["tp"] and saved["pp"] == now["pp"]
     try:
@@ -354,7 +355,15 @@ def restore(point: ResumePoint, chunks, optimizer, scheduler) -> dict:
     except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load {point.directory}: {_reason(e)}") from None
     _load_model_state(chunks, loaded)
-    optimizer.load_state_dict(loaded["optimizer"])
+    if align is not None:
+        align(loaded["optimizer"])
+    try:
+        optimizer.load_state_dict(loaded["optimizer"])
+    except (KeyError, ValueError) as e:  # megatron-core's "Could not find parameter group with key ..."
+        first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise CheckpointError(f"the optimizer state in {point.directory} does not fit this run's optimizer "
+                              f"({type(e).__name__}: {first}): start from its weights with --pretrained-checkpoint "
+                              f"{os.path.dirname(point.directory)} and a new --save") from None
     scheduler.load_state_dict(point.common["opt_param_scheduler"])
     if same_ranks:
         _set_rng_state(loaded["rng_state"])

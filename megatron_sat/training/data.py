@@ -22,7 +22,7 @@ import torch
 from megatron.core import parallel_state
 
 from megatron_sat.data import NullTokenizer, build_data_loader, build_datasets, load_tokenizer, parse_blend
-from megatron_sat.data.checks import DataError, check_dataset, epochs_needed
+from megatron_sat.data.checks import DataError, check_dataset, epochs_needed, split_errors
 from megatron_sat.training.arguments import data_spec, parse_split
 
 READY = "READY"
@@ -92,10 +92,15 @@ def _check_on_rank0(args, tokenizer, data, log) -> None:
             blends = data if isinstance(data, dict) else {"train": data}
             shares = parse_split(args.split) if not isinstance(data, dict) else [1.0, 0.0, 0.0]
             tokens = 0
+            evals = getattr(args, "eval_samples_effective", None) or args.eval_iters * args.global_batch_size
             for name, blend in blends.items():
                 for prefix in parse_blend(blend)[0] if blend else []:
-                    found = check_dataset(prefix, tokenizer, args.allow_tokenizer_mismatch)["tokens"]
-                    tokens += found if name == "train" else 0
+                    found = check_dataset(prefix, tokenizer, args.allow_tokenizer_mismatch)
+                    tokens += found["tokens"] if name == "train" else 0
+                    if not isinstance(data, dict):  # --data-path: --split divides each dataset by documents
+                        errors = split_errors(prefix, found["documents"], shares, (1, evals, 0))
+                        if errors:
+                            raise DataError(errors[0])
             epochs = epochs_needed(tokens, shares, args.train_iters * args.global_batch_size, args.seq_length)
             if epochs > 10:
                 log(f"warning: {args.train_iters} steps of {args.global_batch_size} x {args.seq_length + 1} tokens "

@@ -19,24 +19,61 @@ signals nor outlive the trainer:
 
 import ctypes
 import ctypes.util
+import os
 import signal
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 JOB_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
 
 
 class StopSignal:
-    """SIGTERM / SIGUSR1 (Slurm's warnings before preemption or the time limit) set a flag; the loop
-    all-reduces it at the next step so that every rank saves the same step and exits."""
+    """SIGTERM / SIGUSR1 (Slurm's warnings before preemption or the time limit) and SIGINT (Ctrl-C) set a flag;
+    the loop all-reduces it at the next step so that every rank saves the same step and exits 0.
+
+    A second SIGINT stops at once (exit 130, as a shell reports Ctrl-C): rank 0 prints one line saying what was
+    kept (`kept()`, set by the trainer: the last complete checkpoint); a save in progress stays a .tmp folder,
+    which the next start removes. Nothing partial is ever named by the tracker, so nothing is lost."""
+
+    HARD_EXIT = 130
 
     def __init__(self):
         self.received: Optional[str] = None
+        self.interrupts = 0
+        self.kept: Callable[[], str] = lambda: "the last complete checkpoint"
+        self.is_logger = True
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._handler)
+        signal.signal(signal.SIGINT, self._interrupt)
 
     def _handler(self, signum, frame):
         self.received = self.received or signal.Signals(signum).name
+
+    def _interrupt(self, signum, frame):
+        self.interrupts += 1
+        if self.interrupts == 1:
+            self._handler(signum, frame)
+            if self.is_logger:
+                _say("SIGINT: saving at the end of this step, then stopping (press Ctrl-C again to stop at once, "
+                     "without that save)")
+            return
+        if self.is_logger:
+            try:
+                kept = self.kept()
+            except Exception as e:  # noqa: BLE001 (reading the run folder must not stop the stop)
+                kept = f"the last complete checkpoint ({type(e).__name__} naming it)"
+            _say(f"megatron-sat-train: second SIGINT: stopped at once; kept: {kept} (nothing after it was saved)")
+        os._exit(self.HARD_EXIT)  # at once: no collective, no finally block that could wait on another rank
+
+
+def _say(line: str) -> None:
+    """One line straight to stdout's file descriptor: a handler may run inside a buffered print of the loop."""
+    try:
+        sys.stdout.flush()
+    except (RuntimeError, ValueError, OSError):  # a reentrant call into the buffer being written
+        pass
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -46,6 +83,19 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def bind_to_launcher() -> None:
+    """Under torchrun (its agent sets TORCHELASTIC_RUN_ID): SIGTERM to this rank when the launcher dies, so that it
+    saves at its next step and exits rather than training on unsupervised (torchrun starts each rank in a session
+    of its own: a signal to the launcher's process group never reaches it). Lone processes and Slurm tasks are
+    left alone (a `nohup` run must outlive its shell)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    parent = os.getppid()
+    die_with_parent(signal.SIGTERM)
+    if os.getppid() != parent:  # the launcher died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _manager_init() -> None:
@@ -89,6 +139,7 @@ def shielded_async_request(request):
 
     def writer(*args, **kwargs):
         die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to count (StopSignal), not the writer's
         return fn(*args, **kwargs)
 
     return request._replace(async_fn=writer)

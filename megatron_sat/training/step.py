@@ -173,14 +173,17 @@ def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: in
 
 
 def evaluate(chunks, optimizer, config, data_iterator, *, iterations: int, num_microbatches: int, seq_length: int,
-             micro_batch_size: int) -> float:
-    """Mean token loss of `iterations` forward-only steps (the same on every rank)."""
+             micro_batch_size: int, progress=None) -> float:
+    """Mean token loss of `iterations` forward-only steps (the same on every rank); progress(i) before pass i
+    (the trainer's hang watchdog)."""
     for c in chunks:
         c.eval()
     total = torch.zeros(2, dtype=torch.float64)
     device = next(p for c in chunks for p in c.parameters()).device
     with torch.no_grad():
-        for _ in range(iterations):
+        for i in range(iterations):
+            if progress is not None:
+                progress(i)
             dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
                                          seq_length=seq_length, micro_batch_size=micro_batch_size, forward_only=True)
             total += torch.tensor(loss_sum_and_count(dicts, device)[:2], dtype=torch.float64)

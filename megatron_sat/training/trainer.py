@@ -7,12 +7,14 @@
                        manifest verified, the same model) and the data (data/checks.py)
       3. build         model, optimizer, scheduler (step.setup_model_and_optimizer), then restore
       4. loop          step.train_step -> log -> evaluate -> save, until done or told to stop
-                       (SIGTERM/SIGUSR1, --exit-duration-in-mins, --exit-interval: save and exit 0)
+                       (SIGTERM/SIGUSR1/SIGINT, --exit-duration-in-mins, --exit-interval: save and exit 0),
+                       watched for hangs (watchdog.py)
       5. finish        the last save, the final validation loss, where everything is
 
 Exit codes: 0 done or stopped cleanly, 2 bad input (one line that says what to do, before anything is
 built; also another job holding the run folder, or a --save that cannot be written),
-3 NaN/Inf loss (the last good checkpoint stays), 4 a checkpoint could not be written.
+3 NaN/Inf loss (the last good checkpoint stays), 4 a checkpoint could not be written, 75 a hung rank
+(watchdog.HANG_EXIT), 130 a second SIGINT (signals.StopSignal).
 """
 
 import contextlib
@@ -24,7 +26,7 @@ from typing import Optional
 import torch
 
 from megatron_sat import compat
-from megatron_sat.training.signals import StopSignal
+from megatron_sat.training.signals import StopSignal, bind_to_launcher
 
 # resolved model fields recorded in config.json and in every checkpoint (a resume is checked against them)
 MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
@@ -77,17 +79,22 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     passes megatron_sat.analysis.training_tasks.TaskRunner: training does not import analysis)."""
     from megatron_sat.parallel.process_group import init_from_env
     from megatron_sat.training import checkpointing as ckpt
+    from megatron_sat.training.watchdog import enable_flight_recorder
 
     stop = stop or StopSignal()
+    bind_to_launcher()
     t_start = time.time()
-    init_from_env()
+    enable_flight_recorder()  # the hang watchdog names the last collectives
+    init_from_env(timeout_minutes=args.distributed_timeout_minutes)
     rank = torch.distributed.get_rank()
+    stop.is_logger = rank == 0
     log = (lambda text: print(text, flush=True)) if rank == 0 else (lambda text: None)
     lock = None
     try:
         setup = configure(args, log)
         lock = take_run_lock(args.save, log)  # before anything is written into the run folder
         resume, pretrained, tokenizer, data = check_inputs(args, setup, log)
+        schedule_mode = choose_schedule(args, resume, log)
     except UsageError as err:  # every rank sees the same error: report it once, build nothing
         log(f"megatron-sat-train: error: {err}")
         if lock is not None:
@@ -99,7 +106,8 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
                 f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
             return 0
         try:
-            loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner)
+            loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner,
+                        schedule_mode=schedule_mode)
         except ckpt.CheckpointError as err:
             log(f"megatron-sat-train: error: {err}")
             return 2
@@ -209,15 +217,28 @@ def check_inputs(args, setup: Setup, log):
     return resume, pretrained, tokenizer, data
 
 
+def choose_schedule(args, resume, log) -> str:
+    """Whose LR schedule a resumed run follows (schedule.py): the checkpoint's or the command's (UsageError when
+    they differ and no flag says which)."""
+    from megatron_sat.training import schedule
+
+    if resume is None:
+        return schedule.OVERRIDE
+    try:
+        return schedule.choose(resume.common.get("opt_param_scheduler"), args, resume.iteration, log)
+    except schedule.ScheduleChanged as err:
+        raise UsageError(str(err)) from None
+
+
 class Loop:
     """The built run: model, optimizer, scheduler, data, saver, monitor; run() trains it."""
 
-    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None):
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
+    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None,
+                 schedule_mode: str = "override"):
         from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
         from megatron_sat.parallel.layout import initialize
         from megatron_sat.training import checkpointing as ckpt
+        from megatron_sat.training import schedule
         from megatron_sat.training.data import build_iterators
         from megatron_sat.training.gate_telemetry import GateTelemetry
         from megatron_sat.training.monitor import Monitor
@@ -225,6 +246,7 @@ class Loop:
         from megatron_sat.training.step import setup_model_and_optimizer
 
         self.args, self.setup, self.stop, self.t_start, self.log = args, setup, stop, t_start, log
+        stop.kept = lambda: f"{_describe_checkpoint(args.save)}; resume with --load {args.save}"
         rank = torch.distributed.get_rank()
         if rank == 0 and os.path.isdir(args.save):
             stale = clean_stale(args.save)
@@ -233,18 +255,15 @@ class Loop:
         layout, config = setup.layout, setup.config
         multiple = args.make_vocab_size_divisible_by * layout.tp  # as Megatron-LM: embedding rows split over TP
         vocab_size = -(-tokenizer.vocab_size // multiple) * multiple
-        initialize(layout, seed=args.seed)
+        initialize(layout, seed=args.seed, timeout_minutes=args.distributed_timeout_minutes)
         self.chunks, num_params, self.optimizer = setup_model_and_optimizer(
             config, vocab_size=vocab_size, max_sequence_length=args.seq_length, rotary_base=args.rotary_base,
             backend=setup.backend, use_distributed_optimizer=setup.dist_opt,
             overlap_grad_reduce=args.overlap_grad_reduce, lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_eps, weight_decay_params=args.weight_decay_params)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-            lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters or args.train_iters,
-            lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
-            wd_incr_steps=args.train_iters, wd_incr_style="constant")
+        self.schedule_mode = schedule_mode
+        self.scheduler = schedule.build(self.optimizer, args, schedule_mode)
         self.iteration, self.consumed = self._restore(resume, pretrained)
         self.train_iter, self.valid_iters = build_iterators(args, tokenizer, data, self.consumed)
         self.flops_tok = flops_per_token(config, args.seq_length, vocab_size)
@@ -272,7 +291,10 @@ class Loop:
 
         args, log = self.args, self.log
         if resume is not None:
-            loaded = ckpt.restore(resume, self.chunks, self.optimizer, self.scheduler)
+            from megatron_sat.training.schedule import align_param_groups
+
+            loaded = ckpt.restore(resume, self.chunks, self.optimizer, self.scheduler,
+                                  align=lambda state: align_param_groups(state, self.optimizer, self.schedule_mode))
             saved = loaded["layout"]
             unverified = "; files not verified: no manifest" if args.verify_checkpoint and not resume.verified else ""
             log(f"resumed from {loaded['directory']} (iteration {loaded['iteration']}, saved at TP{saved['tp']} x "
@@ -289,6 +311,20 @@ class Loop:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
+        from megatron_sat.training.watchdog import Watchdog
+
+        args = self.args
+        hang = args.hang_timeout_minutes
+        if hang is None:
+            hang = args.distributed_timeout_minutes or 10.0
+        self.watchdog = Watchdog(args.save, torch.distributed.get_rank(), self.setup.world, 60 * hang,
+                                 log=self.log).start()
+        try:
+            return self._run()
+        finally:
+            self.watchdog.close()
+
+    def _run(self) -> int:
         from megatron_sat.training import checkpointing as ckpt
         from megatron_sat.training.step import NonFiniteLoss
 
@@ -299,6 +335,7 @@ class Loop:
             train_time = time.time() - t_train
             if args.save and self.last_saved != self.iteration and (args.save_final or exit_reason):
                 self._save()
+            self.watchdog.beat("finishing the last save")
             self.saver.finalize()
         except NonFiniteLoss as e:
             self.monitor.close(status="failed", reason=f"{e} at iteration {self.iteration + 1}")
@@ -335,6 +372,7 @@ class Loop:
         args, setup = self.args, self.setup
         window = Window()
         while self.iteration < args.train_iters:
+            self.watchdog.beat(f"step {self.iteration + 1}")
             self.saver.poll()  # commits an asynchronous save whose files are written
             t0 = time.time()
             time_up = (args.exit_duration_in_mins is not None and torch.distributed.get_rank() == 0
@@ -389,20 +427,26 @@ class Loop:
         it = self.valid_iters()
         if it is None:
             return None
+        progress = lambda i: self.watchdog.beat(f"evaluation pass {i + 1} after step {self.iteration}")  # noqa: E731
         with self.gates.paused() if self.gates else contextlib.nullcontext():
             val_loss = evaluate(self.chunks, self.optimizer, self.setup.config, it, iterations=self.setup.eval_passes,
                                 num_microbatches=self.setup.eval_micro, seq_length=self.args.seq_length,
-                                micro_batch_size=self.args.micro_batch_size)
+                                micro_batch_size=self.args.micro_batch_size, progress=progress)
         self.monitor.log_eval(self.iteration, val_loss)
         return val_loss
 
     def _evaluate_tasks(self) -> None:
         """--eval-tasks: lm-eval tasks on the model as it is (a failing task is reported, training goes on)."""
-        with self.gates.paused() if self.gates else contextlib.nullcontext():
-            scores, failures = self.tasks(self.iteration)
+        self.watchdog.pause("lm-eval tasks")  # of unknown length: the process groups' timeout still applies
+        try:
+            with self.gates.paused() if self.gates else contextlib.nullcontext():
+                scores, failures = self.tasks(self.iteration)
+        finally:
+            self.watchdog.pause(None)
         self.monitor.log_tasks(self.iteration, scores, failures)
 
     def _save(self) -> None:
+        self.watchdog.beat(f"save of iteration {self.iteration}")
         self.saver.save(self.iteration, consumed_samples=self.consumed, args=dict(vars(self.args)),
                         model=self.setup.model_fields)
         self.last_saved = self.iteration

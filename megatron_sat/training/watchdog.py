@@ -1,0 +1,192 @@
+"""Hang detection: a heartbeat watchdog on every rank (--hang-timeout-minutes).
+
+The loop reports progress (`beat("step 31")`, `beat("evaluation")`, `beat("save of iteration 30")`, ...). A
+thread of every rank writes that rank's heartbeat (host, pid, where, how long since its last progress) to
+RUN/.watchdog/rank_<R>.json every few seconds. When a rank makes no progress for the timeout (a step, a
+collective, an evaluation or a save that never ends), its watchdog
+
+  1. names the ranks that stopped: those whose heartbeat file went stale (the process is stopped, dead, or stuck
+     where no thread runs: SIGSTOP, a dead node, a kernel wait) and where each rank was, from the heartbeats;
+  2. prints this rank's Python stacks (faulthandler, every thread) and the collectives it issued last (torch's
+     flight recorder, which records gloo and NCCL collectives: TORCH_FR_BUFFER_SIZE, set below);
+  3. kills a rank on this host whose heartbeat went stale (a stopped process would hold its launcher forever);
+  4. writes RUN/.watchdog/hang.json (slurm/launch.sh requeues on it: srun reports the killed ranks' signal rather
+     than this exit code) and exits with HANG_EXIT (75, EX_TEMPFAIL: try again), saving nothing: a save in
+     progress stays a .tmp folder, which the next start removes; the rerun resumes from the last checkpoint.
+
+Why written here: nvidia-resiliency-ext's fault tolerance (heartbeats with a rank monitor) needs its own launcher
+(ft_launcher) in place of torchrun and of the one-task-per-GPU srun launch (slurm/launch.sh), and its releases for
+Python 3.11 stop at 0.4.1; torch's flight recorder records collectives (used above) but detects hangs only in
+NCCL's watchdog, not under gloo. The process groups' own timeout (--distributed-timeout-minutes) ends a
+collective that waits too long with an exception, but says nothing about the other ranks.
+"""
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+HANG_EXIT = 75  # EX_TEMPFAIL: the job may be retried (slurm/launch.sh requeues it)
+FOLDER = ".watchdog"
+MARKER = "hang.json"
+
+
+def enable_flight_recorder(entries: int = 64) -> None:
+    """Keep the last `entries` collectives of every process group (set before the groups are created)."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(entries))
+
+
+def _last_collectives(limit: int = 4) -> str:
+    try:
+        import pickle
+
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        entries = pickle.loads(_dump_fr_trace(True, True, False)).get("entries", [])[-limit:]
+    except Exception as e:  # noqa: BLE001 (a missing recorder must not stop the report)
+        return f"(flight recorder unavailable: {type(e).__name__})"
+    return ", ".join(f"#{e.get('collective_seq_id')} {e.get('profiling_name')} on group {e.get('process_group')}"
+                     for e in entries) or "none recorded"
+
+
+def hang_marker(run_folder: str) -> str:
+    return os.path.join(run_folder, FOLDER, MARKER)
+
+
+class Watchdog:
+    """One per rank: beat() from the loop; a daemon thread watches. timeout_s <= 0: off (beat is a no-op)."""
+
+    def __init__(self, run_folder: str, rank: int, world: int, timeout_s: float,
+                 log: Callable[[str], None] = print, interval_s: Optional[float] = None):
+        self.folder = os.path.join(run_folder, FOLDER)
+        self.rank, self.world, self.timeout_s, self.log = rank, world, timeout_s, log
+        self.interval_s = interval_s or max(0.2, min(5.0, timeout_s / 10))
+        self.where, self.last = "starting", time.time()
+        self.paused: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout_s > 0
+
+    def start(self) -> "Watchdog":
+        if not self.enabled:
+            return self
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            if self.rank == 0 and os.path.exists(os.path.join(self.folder, MARKER)):
+                os.remove(os.path.join(self.folder, MARKER))  # an earlier hang of this run: its rerun is under way
+        except OSError as e:
+            self.log(f"warning: no hang watchdog: cannot write heartbeats to {self.folder} ({e.strerror})")
+            self.timeout_s = 0
+            return self
+        self.beat("starting the training loop")
+        self._thread = threading.Thread(target=self._run, name="megatron-sat-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def beat(self, where: str) -> None:
+        """Progress: the loop reached `where` (a step, an evaluation pass, a save)."""
+        self.where, self.last = where, time.time()
+
+    def pause(self, why: Optional[str]) -> None:
+        """Stop counting while `why` runs (None: count again, from now)."""
+        self.paused = why
+        self.last = time.time()
+
+    def close(self) -> None:
+        """Stop watching; remove this rank's heartbeat (and the folder, by the last rank to leave)."""
+        self._stop.set()
+        if self._thread is None:
+            return
+        self._thread.join(timeout=2 * self.interval_s + 1)
+        for path in (self._path(self.rank), self._path(self.rank) + ".tmp"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.folder)  # fails while another rank's file (or a hang marker) is still there
+        except OSError:
+            pass
+
+    # --- the thread --------------------------------------------------------------------------
+    def _path(self, rank: int) -> str:
+        return os.path.join(self.folder, f"rank_{rank}.json")
+
+    def _write(self, now: float) -> None:
+        record = dict(rank=self.rank, host=socket.gethostname(), pid=os.getpid(), where=self.where,
+                      progress_at=self.last, written_at=now, paused=self.paused)
+        tmp = self._path(self.rank) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, self._path(self.rank))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            now = time.time()
+            try:
+                self._write(now)
+            except OSError:
+                pass  # a full or vanished disk: the loop will report it; keep watching
+            if self.paused is None and now - self.last > self.timeout_s:
+                self._fire(now)
+
+    def _read(self, rank: int) -> Optional[dict]:
+        try:
+            with open(self._path(rank)) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def _fire(self, now: float) -> None:
+        stale_after = 2 * self.interval_s + 2.0
+        lines, stopped = [], []
+        for r in range(self.world):
+            hb = self._read(r)
+            if hb is None:
+                lines.append(f"  rank {r}: no heartbeat at all")
+                stopped.append(r)
+                continue
+            silent = now - hb["written_at"]
+            state = (f"NOT RESPONDING for {silent:.0f} s (stopped, dead, or stuck outside Python)"
+                     if silent > stale_after else f"alive, no progress for {now - hb['progress_at']:.0f} s")
+            if silent > stale_after:
+                stopped.append(r)
+            heard = time.strftime("%H:%M:%S", time.localtime(hb["written_at"]))
+            lines.append(f"  rank {r} ({hb['host']} pid {hb['pid']}): {state}; last heard at {heard}: {hb['where']}")
+        culprit = (f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped responding"
+                   if stopped else "no rank stopped responding: every rank waits (a deadlock, or a slow step, "
+                   "evaluation or save: raise --hang-timeout-minutes if so)")
+        report = (f"megatron-sat watchdog (rank {self.rank}): no progress for {now - self.last:.0f} s "
+                  f"(--hang-timeout-minutes {self.timeout_s / 60:g}) at: {self.where}; {culprit}.\n"
+                  + "\n".join(lines)
+                  + f"\n  rank {self.rank}'s last collectives: {_last_collectives()}"
+                  + f"\n  rank {self.rank}'s Python stacks follow; exiting with code {HANG_EXIT} (nothing saved; "
+                  "the rerun resumes from the last checkpoint)")
+        sys.stderr.write(report + "\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        host = socket.gethostname()
+        for r in stopped:
+            hb = self._read(r)
+            if hb and hb.get("host") == host and hb.get("pid") not in (None, os.getpid()):
+                try:
+                    os.kill(hb["pid"], signal.SIGKILL)  # a stopped process would hold its launcher forever
+                except OSError:
+                    pass
+        try:
+            tmp = os.path.join(self.folder, MARKER + f".{self.rank}.tmp")
+            with open(tmp, "w") as f:
+                json.dump(dict(rank=self.rank, stopped=stopped, where=self.where, time=now, exit_code=HANG_EXIT), f)
+            os.replace(tmp, os.path.join(self.folder, MARKER))
+        except OSError:
+            pass
+        os._exit(HANG_EXIT)

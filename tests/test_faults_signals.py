@@ -1,0 +1,331 @@
+"""Faults, part 2, tested like features: Ctrl-C, preemption signals to a launcher's group, a changed LR schedule on
+resume, data edge cases, and a hung rank. Real trainer processes, torchrun and megatron_sat.torchrun throughout.
+
+  R   debug_satformer on mock data, 16 steps, checkpoint every 4: the reference losses
+  I   SIGINT to the group during the save at 4 (held 2 s)  -> that save completes, step 5 saves, exit 0
+      -> resumed, two SIGINTs in training                   -> stops at once, exit 130, one line naming what was kept,
+                                                               no helper process left
+      -> resumed to the end: R's 16 losses exactly
+  schedule: --lr changed on resume without a flag (exit 2, one line), with --override-opt_param-scheduler (the new
+      cosine from the resumed step; tests/workers/schedule_resume.py: Adam moments kept bit for bit, plain and
+      distributed optimizer), a longer --train-iters (the checkpoint's decay length kept, said), an HF import
+      resumed with a recipe's other lr values
+  data: an empty .bin, a NaN blend weight, one long document under the default split: exit 2, no traceback
+  launchers: USR1 to megatron_sat.torchrun's group, TP2 x PP2 (every rank saves, exit 0, no rank outlives it);
+      USR1 to plain torchrun's group (it dies of the signal; its ranks save and exit on their parent-death signal)
+  hang: one rank of a DP2 job SIGSTOPped -> the watchdog names it within --hang-timeout-minutes, exit 75, nothing
+      left running; the rerun resumes and repeats the first attempt's losses exactly
+(Slurm's srun launch, USR1 then requeue: tests/test_slurm.py::test_preempted_job_requeues_and_resumes.)
+"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from train_cli import ROOT, env, free_port, latest, metrics, rows, start, train, wait_for
+
+BASE = ["--recipe", "debug_satformer", "--train-iters", "16", "--save-interval", "4", "--log-interval", "1",
+        "--eval-interval", "8", "--no-progress-bar"]
+RECIPE_LR, RECIPE_MIN_LR, WARMUP = 3e-3, 3e-4, 2  # debug_satformer's schedule
+
+
+def _steps(folder):
+    return max((r["step"] for r in rows(folder) if "loss" in r), default=0)
+
+
+def _log(path):
+    with open(path) as f:
+        return f.read()
+
+
+def _descendants(pid):
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(pids, wait_s=15.0):
+    """The pids still running (not zombies) after up to wait_s seconds."""
+    deadline = time.time() + wait_s
+    while True:
+        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _cosine(step, max_lr, min_lr, decay, warmup=WARMUP):
+    """Megatron's warmup + cosine LR used at `step` (the scheduler has stepped step - 1 times)."""
+    n = step - 1
+    if n < warmup:
+        return max_lr * n / warmup
+    ratio = min(1.0, (n - warmup) / (decay - warmup))
+    return min_lr + (max_lr - min_lr) * 0.5 * (math.cos(math.pi * ratio) + 1.0)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faults-signals")
+    out = {"tmp": tmp}
+    out["R"] = train(*BASE, "--save", tmp / "R")
+
+    i = str(tmp / "I")
+    proc = start(*BASE, "--save", i, "--load", i, "--debug-save-delay", "2", log_path=tmp / "I1.log")
+    try:
+        wait_for(lambda: "debug: holding the save of iteration 4" in _log(tmp / "I1.log"), proc, "the save at 4")
+        os.killpg(proc.pid, signal.SIGINT)
+        out["I1_rc"] = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out["I1"], out["I1_stop"] = _log(tmp / "I1.log"), latest(i)
+
+    proc = start(*BASE, "--save", i, "--load", i, log_path=tmp / "I2.log")
+    try:
+        wait_for(lambda: _steps(i) >= out["I1_stop"] + 2 and "resumed from" in _log(tmp / "I2.log"), proc,
+                 "two more steps")
+        out["I2_children"] = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        # the second once the first is taken (two signals before Python's handler runs would count as one)
+        wait_for(lambda: "saving at the end of this step" in _log(tmp / "I2.log"), proc, "the first SIGINT")
+        os.killpg(proc.pid, signal.SIGINT)
+        out["I2_rc"] = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out["I2"], out["I2_stop"] = _log(tmp / "I2.log"), latest(i)
+    out["I2_left"] = _alive(out["I2_children"])
+    out["I3"] = train(*BASE, "--save", i, "--load", i)
+    return out
+
+
+def test_sigint_once_during_a_save_and_twice_in_training(runs):
+    assert runs["I1_rc"] == 0 and runs["I1_stop"] == 5, runs["I1"][-3000:]  # the held save, then step 5's
+    assert "signal SIGINT" in runs["I1"] and "saving at the end of this step" in runs["I1"]
+    for name in ("I1", "I2"):
+        assert "Traceback" not in runs[name] and "KeyboardInterrupt" not in runs[name], runs[name][-3000:]
+    assert runs["I2_rc"] == 130, runs["I2"][-3000:]
+    lines = [line for line in runs["I2"].splitlines() if "second SIGINT" in line]
+    assert len(lines) == 1, runs["I2"][-3000:]
+    stop = runs["I2_stop"]
+    assert f"kept: {runs['tmp'] / 'I'}/iter_{stop:07d} (iteration {stop}); resume with --load" in lines[0], lines
+    assert stop >= 5
+    assert not runs["I2_left"], f"processes outlived the trainer: {runs['I2_left']}"
+    ref, ref_val = metrics(runs["tmp"] / "R")
+    got, val = metrics(runs["tmp"] / "I")
+    assert sorted(got) == list(range(1, 17))
+    assert all(got[s]["loss"] == ref[s]["loss"] for s in got) and val == ref_val
+    assert latest(runs["tmp"] / "I") == 16
+
+
+def test_lr_changed_on_resume(runs, tmp_path):
+    r = runs["tmp"] / "R"
+    changed = ["--lr", "1e-2", "--min-lr", "1e-3"]
+    log = train(*BASE, "--save", tmp_path / "a", "--load", r, "--ckpt-step", "8", *changed, expect=2)
+    lines = [line for line in log.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "--lr 0.01 (checkpoint: 0.003)" in lines[0], log[-3000:]
+    assert "--override-opt_param-scheduler" in lines[0] and "--use-checkpoint-opt_param-scheduler" in lines[0]
+    assert "Traceback" not in log and "Could not find parameter group" not in log
+    log = train(*BASE, "--save", tmp_path / "b", "--load", r, "--ckpt-step", "8", *changed,
+                "--override-opt_param-scheduler")
+    assert "LR schedule: this command's from iteration 8 on" in log, log[-3000:]
+    got, _ = metrics(tmp_path / "b")
+    ref, _ = metrics(r)
+    assert sorted(got) == list(range(9, 17))
+    for step in got:  # the new schedule, as if it had run from step 0, from the resumed step on
+        assert got[step]["lr"] == pytest.approx(_cosine(step, 1e-2, 1e-3, 16), rel=1e-12), step
+    assert got[9]["loss"] == ref[9]["loss"]  # the weights resumed exactly (step 9's loss precedes its update)
+    assert got[10]["loss"] != ref[10]["loss"]  # and step 9's update used the new LR
+    # the Adam moments and step counts, bit for bit (one process, plain and distributed optimizer)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "workers", "schedule_resume.py"),
+                           str(tmp_path / "w")], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "plain optimizer: " in proc.stdout and "distributed optimizer: " in proc.stdout, proc.stdout
+    # a finished run resumed with a longer --train-iters: the decay length it was saved with is kept, and said
+    d = tmp_path / "longer"
+    shutil.copytree(r, d)
+    log = train(*BASE[:2], "--train-iters", "18", *BASE[4:], "--save", d, "--load", d)
+    assert "the checkpoint's decay over 16 iterations is kept" in log and "--override-opt_param-scheduler" in log
+    got, _ = metrics(d)
+    assert [got[s]["lr"] for s in (17, 18)] == pytest.approx([RECIPE_MIN_LR] * 2, rel=1e-12)
+
+
+def test_an_import_resumes_under_a_recipe_with_other_lr_values(runs, tmp_path):
+    def tool(*argv):
+        proc = subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, env=env(), capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+    tool("tools/convert_to_hf.py", "--load", runs["tmp"] / "R", "--output", tmp_path / "hf")
+    tool("tools/convert_from_hf.py", "--hf", tmp_path / "hf", "--save", tmp_path / "imp")  # records lr 1e-3, min 0
+    imp = tmp_path / "imp"
+    log = train("--recipe", "debug_satformer", "--train-iters", "4", "--log-interval", "1", "--no-progress-bar",
+                "--save", imp, "--load", imp)
+    assert "the checkpoint at iteration 0 (an import)" in log and "--lr 0.003 (checkpoint: 0.001)" in log, log[-3000:]
+    got, _ = metrics(imp)
+    assert [got[s]["lr"] for s in range(1, 5)] == pytest.approx([_cosine(s, RECIPE_LR, RECIPE_MIN_LR, 4)
+                                                                  for s in range(1, 5)], rel=1e-12, abs=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# data edge cases
+# ---------------------------------------------------------------------------------------------
+
+def test_data_edge_cases_are_one_line_and_exit_2(tmp_path):
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from megatron_sat.data import preprocess, train_bpe_tokenizer
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    with open(tmp_path / "a.jsonl", "w") as f:
+        for i in range(64):
+            f.write(json.dumps({"text": " ".join(words[(i + j) % 12] for j in range(3))}) + "\n")
+    with open(tmp_path / "long.jsonl", "w") as f:
+        f.write(json.dumps({"text": " ".join(words[(7 * j) % 12] for j in range(2000))}) + "\n")
+    tok = train_bpe_tokenizer([str(tmp_path / "a.jsonl")], 300, str(tmp_path / "tok"))
+    preprocess([str(tmp_path / "a.jsonl")], tok, str(tmp_path / "small_text_document"), progress=False)
+    preprocess([str(tmp_path / "long.jsonl")], tok, str(tmp_path / "long_text_document"), progress=False)
+    builder = IndexedDatasetBuilder(str(tmp_path / "zero_text_document.bin"), dtype=np.uint16)
+    builder.finalize(str(tmp_path / "zero_text_document.idx"))  # 0 documents, an empty .bin
+    run = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+           "--seq-length", "16", "--train-iters", "2", "--no-progress-bar", "--tokenizer-model", tmp_path / "tok"]
+    small, long_doc = tmp_path / "small_text_document", tmp_path / "long_text_document"
+    for data, message in (([tmp_path / "zero_text_document"], "zero_text_document.bin is empty"),
+                          (["nan", small, "1", long_doc], "blend weights must be finite numbers > 0, got nan 1"),
+                          ([long_doc], "the valid split of")):
+        log = train(*run, "--data-path", *data, "--save", tmp_path / "run", expect=2)
+        assert "error:" in log and message in log, log[-3000:]
+        assert "Traceback" not in log and "AttributeError" not in log and not (tmp_path / "run").exists()
+    # the same dataset of one long document gives every split it is asked for a document under 100,0,0
+    from megatron_sat.data.checks import check_dataset, split_errors
+    from megatron_sat.data.tokenizer import load_tokenizer
+
+    found = check_dataset(str(long_doc), load_tokenizer(str(tmp_path / "tok")))
+    assert found["documents"] == 1 and found["tokens"] > 1000
+    assert split_errors(str(long_doc), 1, [100, 0, 0], (1, 16, 0)) == []
+    assert split_errors(str(long_doc), 1, [98, 2, 0], (1, 16, 0)) and not split_errors(str(long_doc), 1, [98, 2, 0],
+                                                                                       (1, 0, 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers: a preemption signal to the launcher's process group
+# ---------------------------------------------------------------------------------------------
+
+def _launch(launcher, nproc, folder, log_path, *extra):
+    module = "megatron_sat.torchrun" if launcher == "megatron_sat.torchrun" else "torch.distributed.run"
+    cmd = [sys.executable, "-m", module, f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
+           "-m", "megatron_sat.train", "--recipe", "debug_satformer", "--train-iters", "40", "--log-interval", "1",
+           "--no-progress-bar", "--save", folder, "--load", folder, *map(str, extra)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _ranks(proc, n):
+    """The launcher's worker processes (RANK in their environment), once all n are up."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        found = {}
+        for child in psutil.Process(proc.pid).children():
+            try:
+                found[int(child.environ().get("RANK", "-1"))] = child
+            except (psutil.Error, ValueError):
+                pass
+        if len(found) >= n:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("the launcher did not start its workers")
+
+
+def test_usr1_to_the_launchers_group_saves_on_every_rank(tmp_path):
+    tp2pp2 = tmp_path / "tp2pp2"
+    proc = _launch("megatron_sat.torchrun", 4, tp2pp2, tmp_path / "a.log", "--tensor-model-parallel-size", "2",
+                   "--pipeline-model-parallel-size", "2")
+    try:
+        wait_for(lambda: _steps(tp2pp2) >= 3, proc, "step 3")
+        everything = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGUSR1)
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = _log(tmp_path / "a.log")
+    assert rc == 0 and "every rank (4 here) stopped cleanly" in log, log[-4000:]
+    stop = latest(tp2pp2)
+    assert stop is not None and stop >= 3 and f"stopping at iteration {stop}/40 (signal SIGUSR1)" in log
+    assert not _alive(everything, wait_s=0), "a process outlived megatron_sat.torchrun"
+
+    # plain torchrun has no handler for USR1 and dies of it; its ranks, in sessions of their own, get SIGTERM
+    # from their parent's death (PR_SET_PDEATHSIG), save and exit
+    dp2 = tmp_path / "dp2"
+    proc = _launch("torchrun", 2, dp2, tmp_path / "b.log")
+    try:
+        wait_for(lambda: _steps(dp2) >= 3, proc, "step 3")
+        workers = [w.pid for w in _ranks(proc, 2).values()]
+        everything = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGUSR1)
+        rc = proc.wait(timeout=60)
+        left = _alive(everything, wait_s=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in workers:
+            if psutil.pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)
+    log = _log(tmp_path / "b.log")
+    assert rc == -signal.SIGUSR1, log[-3000:]
+    assert not left, f"ranks outlived plain torchrun by more than 120 s: {left}"
+    stop = latest(dp2)
+    assert stop is not None and stop >= 3 and "(signal SIGTERM)" in log, log[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# a hung rank
+# ---------------------------------------------------------------------------------------------
+
+HANG_TIMEOUT_MIN = 0.25  # 15 s without progress
+
+
+def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
+    run = tmp_path / "run"
+    flags = ["--save-interval", "5", "--hang-timeout-minutes", HANG_TIMEOUT_MIN, "--distributed-timeout-minutes", "5"]
+    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags)
+    try:
+        wait_for(lambda: _steps(run) >= 8, proc, "step 8")
+        ranks = _ranks(proc, 2)
+        everything = _descendants(proc.pid)
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        t_stop = time.time()
+        rc = proc.wait(timeout=300)
+        took = time.time() - t_stop
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if psutil.pid_exists(ranks[1].pid):
+            os.kill(ranks[1].pid, signal.SIGKILL)
+    log = _log(tmp_path / "a.log")
+    assert rc == 75, log[-4000:]
+    assert took < 60 * HANG_TIMEOUT_MIN + 20, f"detected after {took:.0f} s"
+    assert "megatron-sat watchdog (rank 0): no progress for" in log and "rank 1 stopped responding" in log, log[-4000:]
+    assert "NOT RESPONDING" in log and "most recent call first" in log and "last collectives: #" in log
+    assert not _alive(everything), "a process outlived the hung job"
+    assert os.path.isfile(run / ".watchdog" / "hang.json")
+    first = {r["step"]: r["loss"] for r in rows(run) if "loss" in r}
+    stop = latest(run)
+    assert stop in (5, 10) and max(first) > stop, (stop, sorted(first))
+
+    log = train("--recipe", "debug_satformer", "--train-iters", "16", "--log-interval", "1", "--no-progress-bar",
+                "--save", run, "--load", run, *flags, nproc=2)
+    assert f"iter_{stop:07d}" in log and "resumed from" in log, log[-3000:]
+    again = {r["step"]: r["loss"] for r in rows(run) if "loss" in r}
+    repeated = [s for s in first if s > stop]
+    assert repeated and all(again[s] == first[s] for s in repeated), [(s, first[s], again[s]) for s in repeated]
+    assert not (run / ".watchdog").exists()
