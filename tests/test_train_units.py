@@ -221,7 +221,7 @@ def test_console_scripts_run_from_anywhere(tmp_path):
 
     bin_dir = os.path.dirname(sys.executable)
     names = ["train", "collect-grid", "convert-to-hf", "convert-from-hf", "preprocess-data", "evaluate",
-             "analyze-gates", "plan-layout", "submit-grid"]
+             "analyze-gates", "plan-layout", "submit-grid", "torchrun"]
     missing = [n for n in names if not os.path.isfile(os.path.join(bin_dir, f"megatron-sat-{n}"))]
     assert not missing, f"console scripts not installed (re-run `make venv`): {missing}"
     for name in ("convert-to-hf", "plan-layout"):
