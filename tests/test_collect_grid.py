@@ -1,6 +1,7 @@
 """A sweep read back (issue 13): tools/collect_grid.py over real runs, the fits, the trainer's records.
 
-    .venv/bin/python -m pytest -q -ra tests/test_collect_grid.py      # about 1 minute on 2 idle cores
+    .venv/bin/python -m pytest -q -ra tests/test_collect_grid.py      # the Slurm parts take most of the time; the
+                                                                      # time-limit job waits out Slurm's 1-minute minimum
 
   * a real sweep through tools/submit_grid.py on the real local Slurm (tests/slurm_cluster.py, one cluster start):
     transformer and satformer x 2 sizes (debug, and debug at 2 layers) x seeds 1, 2, plus one run that hits a NaN
