@@ -19,7 +19,7 @@ form one group ($MSAT_SWEEP, else $WANDB_RUN_GROUP) with arch, scale and seed in
 One wandb run per run folder: config.json keeps "wandb": {"id", "name", "group"} from the first start, and every
 resumed start passes that id (resume="allow"), the same name (--wandb-exp-name, else the folder's name) and
 group, so a run requeued five times is one wandb run whose steps continue (offline: one offline-run-* folder per
-attempt, all with the same id; `wandb sync` appends them to one run). wandb keeps a step once: steps that an
+attempt, all with the same id, which `wandb sync` uploads to). wandb keeps a step once: steps that an
 earlier attempt logged after its last checkpoint are not logged again (metrics.jsonl and TensorBoard hold the
 resumed values). A run that starts over (no checkpoint to resume) gets a new id.
 
