@@ -46,6 +46,7 @@ NAME_IGNORES = {
     "debug_inject_nan_at_step", "data_path", "tokenizer_model", "split",
     "save_retain_interval", "async_save", "verify_checkpoint", "ckpt_fallback", "allow_tokenizer_mismatch",
     "debug_save_delay", "debug_fail_save_at", "eval_samples", "train_data_path", "valid_data_path", "test_data_path",
+    "tensorboard_dir",
 }
 NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
 
