@@ -282,7 +282,8 @@ def _sbatch_trainer(cluster, folder, *flags, sbatch=()):  # noqa: F811
                           env=train_cli.env())
 
 
-def test_slurm_final_states_of_a_timeout_a_cancel_and_a_dead_node(cluster, local_run, tmp_path):  # noqa: F811
+def test_slurm_final_states_of_a_timeout_a_cancel_and_a_dead_node(cluster, local_run, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
     runs = tmp_path / "runs"
     timeout_run, cancel_run, node_run = runs / "timeout", runs / "cancel", runs / "node"
     shutil.copytree(local_run["run"], timeout_run, ignore=shutil.ignore_patterns("wandb"))  # resumes from its save
@@ -332,6 +333,21 @@ def test_slurm_final_states_of_a_timeout_a_cancel_and_a_dead_node(cluster, local
     for name, row in rows.items():
         line = _line(status, name)
         assert row["slurm_state"] in line and row["reason"] in line, status
+
+    # array tasks cancelled before they started: sacct lists them only under the array's id, as one range
+    from megatron_sat.analysis import grid
+
+    held = cluster.sbatch(["--hold", "--array=0-2", "--wrap", "true"], cwd=str(tmp_path))
+    cluster.run(["scancel", held])
+    monkeypatch.setenv("SLURM_CONF", cluster.conf)
+    deadline = time.time() + 60
+    while True:  # slurmctld hands the records to slurmdbd a moment later
+        states, note = grid.sacct_states([f"{held}_2", timeout_job])
+        if f"{held}_2" in states or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert note is None and states[f"{held}_2"]["state"] == "CANCELLED", states
+    assert states[timeout_job]["state"] == "TIMEOUT" and states[timeout_job]["timelimit"] == "00:01:00", states
 
     # a Slurm without accounting: the same runs, and --status says what it cannot know
     plain = tmp_path / "slurm.conf"

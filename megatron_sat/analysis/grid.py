@@ -134,14 +134,21 @@ def squeue_states() -> Optional[Dict[str, str]]:
         if len(parts) != 2:
             continue
         job, state = parts
-        m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job)
-        if not m:
-            out[job] = state
-            continue
-        for item in m.group(2).split("%")[0].split(","):
-            lo, _, hi = item.partition("-")
-            for task in range(int(lo), int(hi or lo) + 1):
-                out[f"{m.group(1)}_{task}"] = state
+        for one in array_tasks(job):
+            out[one] = state
+    return out
+
+
+def array_tasks(job: str) -> List[str]:
+    """'123_[0-3,7%2]' (squeue's and sacct's way of writing array tasks that never started) -> '123_0' ... '123_7';
+    any other id as it is."""
+    m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job)
+    if not m:
+        return [job]
+    out = []
+    for item in m.group(2).split("%")[0].split(","):
+        lo, _, hi = item.partition("-")
+        out += [f"{m.group(1)}_{task}" for task in range(int(lo), int(hi or lo) + 1)]
     return out
 
 
@@ -152,7 +159,8 @@ def sacct_states(jobs: Iterable[str]):
     """(records, note): {job id: {state, exit_code, elapsed, timelimit, end, by}} for the jobs Slurm's accounting
     knows (the latest instance of a requeued job), and None, or None and one line saying why the accounting
     cannot be asked (no sacct here, or a cluster without slurmdbd)."""
-    jobs = sorted({j for j in jobs if j})
+    # an array's tasks by the array's id: sacct lists tasks that never started only under it, as one range
+    jobs = sorted({j.split("_")[0] for j in jobs if j})
     if not jobs:
         return {}, None
     out = {}
@@ -171,7 +179,8 @@ def sacct_states(jobs: Iterable[str]):
                 continue
             job, state, code, elapsed, limit, end = parts
             state, _, by = state.partition(" by ")  # "CANCELLED by 0": the uid that cancelled it
-            out[job] = dict(state=state, exit_code=code, elapsed=elapsed, timelimit=limit, end=end, by=by or None)
+            for one in array_tasks(job):  # tasks cancelled before they started: one line for the range
+                out[one] = dict(state=state, exit_code=code, elapsed=elapsed, timelimit=limit, end=end, by=by or None)
     return out, None
 
 
