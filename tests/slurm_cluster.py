@@ -22,7 +22,13 @@ What it does (Slurm 22.05 from Debian, set up by hand without systemd):
     ports, with state/spool/log/pid folders under ROOT; ProctrackType=proctrack/linuxproc,
     TaskPlugin=task/none, SelectType=select/cons_tres + CR_Core, the node line from `slurmd -C`, one
     partition `debug`; cred_expire=10 and sched_interval=2 so that a requeued job starts again after ~10 s
-    (Slurm's default holds it 120 s). No accounting (no sacct): job states come from `scontrol show job`.
+    (Slurm's default holds it 120 s). By default no accounting (no sacct): job states come from `scontrol show job`.
+  * SlurmCluster(accounting=True): `sacct` works. Slurm 22.05 keeps accounting only through slurmdbd and a
+    MySQL/MariaDB server (its text-file accounting plugin is gone), so the harness also installs Debian's
+    slurmdbd and mariadb-server (when absent) and starts, as our children on free 127.0.0.1 ports, a private
+    mariadbd (empty data folder under ROOT, --skip-grant-tables: no users or passwords, reachable only from this
+    machine, about 1 s to start) and slurmdbd (it creates its tables), registers the cluster with sacctmgr and
+    points slurmctld at it (AccountingStorageType=accounting_storage/slurmdbd). About 5-10 s more start-up.
   * stop(): cancels every job, waits for the job steps to go, kills any slurmstepd still serving this
     cluster, then stops slurmd, slurmctld and munged (the processes it started, by pid) and removes ROOT
     unless keep=True. It runs from __exit__ and from an atexit hook, so daemons never outlive the tests.
@@ -40,6 +46,7 @@ import time
 from typing import Dict, List, Optional
 
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "munged": "munge"}
+ACCOUNTING_PACKAGES = {"slurmdbd": "slurmdbd", "mariadbd": "mariadb-server", "mariadb": "mariadb-client"}
 SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}
@@ -65,9 +72,11 @@ def _which(name: str) -> Optional[str]:
     return None
 
 
-def ensure_installed(log=print) -> None:
-    """apt-get install the Debian Slurm and munge packages whose binaries are missing."""
-    missing = sorted({pkg for binary, pkg in PACKAGES.items() if _which(binary) is None})
+def ensure_installed(log=print, accounting: bool = False) -> None:
+    """apt-get install the Debian Slurm and munge packages (and with accounting slurmdbd and MariaDB) whose
+    binaries are missing."""
+    packages = dict(PACKAGES, **(ACCOUNTING_PACKAGES if accounting else {}))
+    missing = sorted({pkg for binary, pkg in packages.items() if _which(binary) is None})
     if not missing:
         return
     if os.geteuid() != 0 or _which("apt-get") is None:
@@ -86,7 +95,7 @@ def ensure_installed(log=print) -> None:
             raise SlurmUnavailable("apt-get cannot reach the Debian package registry to install "
                                    f"{' '.join(missing)}:\n{out[-1500:]}")
         raise RuntimeError(f"apt-get install {' '.join(missing)} failed (exit {install.returncode}):\n{out[-4000:]}")
-    still = sorted({pkg for binary, pkg in PACKAGES.items() if _which(binary) is None})
+    still = sorted({pkg for binary, pkg in packages.items() if _which(binary) is None})
     if still:
         raise RuntimeError(f"apt-get installed the packages but {still} binaries are still missing:\n{out[-2000:]}")
 
@@ -107,10 +116,12 @@ def _node_line() -> str:
 class SlurmCluster:
     """One controller + one compute node on this machine. Use as a context manager (or start()/stop())."""
 
-    def __init__(self, root: Optional[str] = None, keep: bool = False, log=print, nodes: int = 1):
+    def __init__(self, root: Optional[str] = None, keep: bool = False, log=print, nodes: int = 1,
+                 accounting: bool = False):
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.num_nodes = nodes
+        self.accounting = accounting
         self.nodes: List[str] = []
         self.root = root
         self.keep = keep
@@ -144,7 +155,7 @@ class SlurmCluster:
         return env
 
     def start(self, timeout: float = 60.0) -> "SlurmCluster":
-        ensure_installed(self.log)
+        ensure_installed(self.log, accounting=self.accounting)
         if self.root is None:
             self.root = tempfile.mkdtemp(prefix="megatron-sat-slurm-")
         os.chmod(self.root, 0o755)  # the munge user must reach ROOT/munge
@@ -155,6 +166,8 @@ class SlurmCluster:
         self._started = True
         try:
             self._start_munge()
+            if self.accounting:
+                self._start_accounting(timeout)
             self._write_conf()
             env = self.env()
             self.procs["slurmctld"] = subprocess.Popen(
@@ -189,7 +202,8 @@ class SlurmCluster:
         deadline = time.time() + 10
         while time.time() < deadline and set(self._stepd_pids()) - self._stepd_before:
             time.sleep(0.2)
-        for name in [n for n in self.procs if n.startswith("slurmd")] + ["slurmctld", "munged"]:
+        for name in [n for n in self.procs if n.startswith("slurmd-") or n == "slurmd"] + [
+                "slurmctld", "slurmdbd", "mariadbd", "munged"]:
             proc = self.procs.pop(name, None)
             if proc is not None:
                 _stop_process(proc)
@@ -226,6 +240,44 @@ class SlurmCluster:
         if self.procs["munged"].poll() is not None:
             raise RuntimeError(f"munged exited: {self.procs['munged'].stderr.read().decode()[-2000:]}")
 
+    def _start_accounting(self, timeout: float) -> None:
+        """A private mariadbd and slurmdbd (module docstring); returns once sacctmgr knows the cluster."""
+        r = self.root
+        db = os.path.join(r, "mysql")
+        os.makedirs(os.path.join(db, "data"), exist_ok=True)
+        self.db_port, self.dbd_port = _free_port(), _free_port()
+        self.procs["mariadbd"] = subprocess.Popen(
+            [_which("mariadbd"), "--no-defaults", f"--datadir={db}/data", "--user=root", "--skip-grant-tables",
+             "--bind-address=127.0.0.1", f"--port={self.db_port}", f"--socket={db}/mysqld.sock",
+             f"--pid-file={db}/mysqld.pid", f"--log-error={r}/log/mariadbd.log", "--skip-log-bin",
+             "--performance-schema=0", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=8M",
+             "--innodb-data-file-path=ibdata1:4M:autoextend"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        client = [_which("mariadb"), "--no-defaults", "-h", "127.0.0.1", "-P", str(self.db_port), "-u", "root",
+                  "-e", "select 1"]
+        self._wait_for(lambda: subprocess.run(client, capture_output=True, timeout=10).returncode == 0, timeout,
+                       "mariadbd to answer")
+        conf = os.path.join(r, "slurmdbd.conf")
+        with open(conf, "w") as f:
+            f.write("\n".join([
+                "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "DbdHost=localhost",
+                "DbdAddr=127.0.0.1", f"DbdPort={self.dbd_port}", "SlurmUser=root", "DebugLevel=info",
+                f"LogFile={r}/log/slurmdbd.log", f"PidFile={r}/run/slurmdbd.pid",
+                "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={self.db_port}",
+                "StorageUser=root", "StorageLoc=slurm_acct_db"]) + "\n")
+        os.chmod(conf, 0o600)  # slurmdbd refuses a config that others can read (it may hold a password)
+        self.procs["slurmdbd"] = subprocess.Popen(
+            [_which("slurmdbd"), "-D"], env=self.env(),  # it reads slurmdbd.conf beside $SLURM_CONF
+            stdout=open(os.path.join(r, "log", "slurmdbd.stdout"), "w"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self._write_conf()  # sacctmgr reads slurm.conf for the slurmdbd's address (rewritten before slurmctld starts)
+
+        def registered() -> bool:
+            self._ok(["sacctmgr", "-i", "add", "cluster", "msat"], "")
+            return self._ok(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], "msat")
+
+        self._wait_for(registered, timeout, "slurmdbd to take the cluster")
+
     def start_node(self, node: str) -> None:
         """Start (or restart) the slurmd of one compute node."""
         name = "slurmd" if self.num_nodes == 1 else f"slurmd-{node}"
@@ -235,7 +287,15 @@ class SlurmCluster:
             start_new_session=True)
 
     def kill_node(self, node: str) -> None:
-        """A node dies: its slurmd and every process of a job step running on it get SIGKILL."""
+        """A node dies: its slurmd and every process of a job step running on it (and, on a one-node cluster, the
+        slurmstepd processes) get SIGKILL. Slurm notices after SlurmdTimeout (60 s) unless told at once with
+        `scontrol update nodename=NODE state=down`."""
+        if self.num_nodes == 1:  # every slurmstepd of this cluster runs on its one node: they die with it
+            for pid in self._stepd_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         proc = self.procs.pop("slurmd" if self.num_nodes == 1 else f"slurmd-{node}")
         proc.kill()
         proc.wait()
@@ -285,7 +345,11 @@ class SlurmCluster:
             "MpiDefault=none",
             "ReturnToService=2",
             "JobRequeue=1",
-            "AccountingStorageType=accounting_storage/none",
+            *(["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
+               f"AccountingStoragePort={self.dbd_port}",
+               # the munge socket for talking to slurmdbd (Slurm reads it from here, not from AuthInfo)
+               f"AccountingStoragePass={self.munge_socket}"] if self.accounting
+              else ["AccountingStorageType=accounting_storage/none"]),
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",
             "MinJobAge=600",  # finished jobs stay visible to scontrol for 10 minutes

@@ -1,6 +1,7 @@
 """A sweep read back (issue 13): tools/collect_grid.py over real runs, the fits, the trainer's records.
 
-    .venv/bin/python -m pytest -q -ra tests/test_collect_grid.py      # about 1 minute on 2 idle cores
+    .venv/bin/python -m pytest -q -ra tests/test_collect_grid.py      # the Slurm parts take most of the time; the
+                                                                      # time-limit job waits out Slurm's 1-minute minimum
 
   * a real sweep through tools/submit_grid.py on the real local Slurm (tests/slurm_cluster.py, one cluster start):
     transformer and satformer x 2 sizes (debug, and debug at 2 layers) x seeds 1, 2, plus one run that hits a NaN
@@ -11,6 +12,9 @@
     wall time goes on; data of another validation set is flagged and kept apart; bad input exits 2 naming the
     file, with nothing written; --wandb writes an offline summary run; the trainer's wandb run is in the sweep's
     group with arch, scale and seed;
+  * Slurm's final states from its accounting (sacct, on the same cluster): a run killed at its time limit while
+    its save hangs, a cancelled run and a run whose node dies each show Slurm's state, exit code, elapsed time
+    and reason in --status and grid.csv; without accounting, --status says so;
   * the fits recover E, A, alpha and a compute multiplier from points made with known values;
   * validation samples do not depend on --seed, training batches do (the dataset builder).
 Skipped (with the reason) only when Slurm is absent and cannot be installed (the Slurm test alone).
@@ -20,6 +24,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -29,7 +34,20 @@ import time
 
 import pytest
 import train_cli
-from test_slurm import cluster  # noqa: F401  (the module-scoped Slurm fixture; `site` is in conftest.py)
+from slurm_cluster import SlurmCluster
+from test_slurm import _start
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The local Slurm with accounting (slurmdbd + MariaDB: sacct works); `site` is in conftest.py."""
+    c = SlurmCluster(accounting=True)
+    _start(c)
+    try:
+        yield c
+    finally:
+        c.stop()
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLECT = os.path.join(ROOT, "tools", "collect_grid.py")
@@ -254,6 +272,91 @@ def test_wandb_summary_run_and_the_trainers_group(local_run, tmp_path, monkeypat
     assert config(tmp_path / "run")["sweep"] == "sweep-x"
 
 
+def _sbatch_trainer(cluster, folder, *flags, sbatch=()):  # noqa: F811
+    """The trainer as a batch job of its own (no requeue: its final state stays Slurm's last word)."""
+    cmd = [sys.executable, "-m", "megatron_sat.train", "--recipe", "debug_transformer", "--train-iters", "2000",
+           "--log-interval", "2", "--save-interval", "4", "--eval-interval", "4", "--no-progress-bar",
+           "--save", folder, "--load", folder, *flags]
+    return cluster.sbatch(["--no-requeue", "--ntasks=1", "--cpus-per-task=1", f"--output={folder}.out", *sbatch,
+                           "--wrap", "exec " + " ".join(shlex.quote(str(x)) for x in cmd)], cwd=ROOT,
+                          env=train_cli.env())
+
+
+def test_slurm_final_states_of_a_timeout_a_cancel_and_a_dead_node(cluster, local_run, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
+    runs = tmp_path / "runs"
+    timeout_run, cancel_run, node_run = runs / "timeout", runs / "cancel", runs / "node"
+    shutil.copytree(local_run["run"], timeout_run, ignore=shutil.ignore_patterns("wandb"))  # resumes from its save
+    saved = train_cli.latest(timeout_run)
+    t0 = time.time()
+    # past its time limit while a save hangs: SIGTERM, then SIGKILL after KillWait, no end line
+    timeout_job = _sbatch_trainer(cluster, timeout_run, "--debug-save-delay", "600", sbatch=["--time=1"])
+    cancel_job = _sbatch_trainer(cluster, cancel_run)
+    proc = subprocess.Popen(["sleep", "600"])  # wait_for's "process" (the jobs are Slurm's)
+    try:
+        train_cli.wait_for(lambda: (train_cli.latest(cancel_run) or 0) >= 4, proc, "the cancelled run's save",
+                           timeout=300)
+        cluster.run(["scancel", cancel_job])
+        assert cluster.wait(cancel_job, timeout=120) == "CANCELLED"
+        node_job = _sbatch_trainer(cluster, node_run)
+        train_cli.wait_for(lambda: (train_cli.latest(node_run) or 0) >= 4, proc, "the node run's save", timeout=300)
+        assert cluster.wait(timeout_job, timeout=300) == "TIMEOUT", open(f"{timeout_run}.out").read()[-3000:]
+        # the node dies: its slurmd and the job's processes get SIGKILL; Slurm then declares it down (what it does
+        # after SlurmdTimeout, here at once) and the job ends NODE_FAIL
+        cluster.kill_node(cluster.node)
+        cluster.run(["scontrol", "update", f"nodename={cluster.node}", "state=down", "reason=killed-by-test"])
+        assert cluster.wait(node_job, timeout=120) == "NODE_FAIL"
+    finally:
+        proc.kill()
+        proc.wait()
+        if not any(n == "slurmd" for n in cluster.procs):
+            cluster.start_node(cluster.node)
+        cluster.run(["scontrol", "update", f"nodename={cluster.node}", "state=resume"], check=False)
+        cluster._wait_for(cluster._node_idle, 120, "the node to come back")
+    print(f"timeout, cancel and dead-node jobs: {time.time() - t0:.0f} s")
+
+    env = cluster.env(dict(os.environ))
+    status = collect(runs, "--status", env=env).stdout
+    out = tmp_path / "grid"
+    collect(runs, "--out", out, env=env)
+    rows = read_csv(out / "grid.csv")
+    t, c, n = rows["timeout"], rows["cancel"], rows["node"]
+    assert (t["status"], t["slurm_state"], t["slurm_job"]) == ("failed", "TIMEOUT", timeout_job), t
+    assert re.fullmatch(rf"TIMEOUT after 00:0[12]:\d\d \(limit 00:01:00\), exit code \d+:\d+; no save since step "
+                        rf"{saved}", t["reason"]), t["reason"]
+    assert t["saved_step"] == str(saved) and re.fullmatch(r"00:0[12]:\d\d", t["slurm_elapsed"])
+    assert (c["status"], c["slurm_state"]) == ("stopped", "CANCELLED"), c
+    assert re.search(r"SIGTERM.*; Slurm: CANCELLED by uid 0 after 00:0\d:\d\d, exit code \d+:\d+$", c["reason"]), c
+    assert (n["status"], n["slurm_state"]) == ("failed", "NODE_FAIL"), n
+    assert re.fullmatch(rf"NODE_FAIL after 00:0\d:\d\d, exit code \d+:\d+; no save since step {n['saved_step']}",
+                        n["reason"]), n["reason"]
+    for name, row in rows.items():
+        line = _line(status, name)
+        assert row["slurm_state"] in line and row["reason"] in line, status
+
+    # array tasks cancelled before they started: sacct lists them only under the array's id, as one range
+    from megatron_sat.analysis import grid
+
+    held = cluster.sbatch(["--hold", "--array=0-2", "--wrap", "true"], cwd=str(tmp_path))
+    cluster.run(["scancel", held])
+    monkeypatch.setenv("SLURM_CONF", cluster.conf)
+    deadline = time.time() + 60
+    while True:  # slurmctld hands the records to slurmdbd a moment later
+        states, note = grid.sacct_states([f"{held}_2", timeout_job])
+        if f"{held}_2" in states or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert note is None and states[f"{held}_2"]["state"] == "CANCELLED", states
+    assert states[timeout_job]["state"] == "TIMEOUT" and states[timeout_job]["timelimit"] == "00:01:00", states
+
+    # a Slurm without accounting: the same runs, and --status says what it cannot know
+    plain = tmp_path / "slurm.conf"
+    plain.write_text(re.sub(r"^AccountingStorage\w+=.*\n", "", open(cluster.conf).read(), flags=re.M))
+    status = collect(runs, "--status", env=dict(env, SLURM_CONF=str(plain))).stdout
+    assert "Slurm accounting not available (sacct: " in status, status
+    assert "no end line and no process" in _line(status, "timeout") and "TIMEOUT" not in status, status
+
+
 # ---------------------------------------------------------------------------------------------- fits, data
 def test_fit_recovers_known_law_and_compute_multiplier():
     import numpy as np
@@ -277,6 +380,86 @@ def test_fit_recovers_known_law_and_compute_multiplier():
     measured = [scaling.multiplier_measured(list(zip(c, 50.0 * c ** -0.1)), 50.0 * (3 * x) ** -0.1, x)
                 for x in c[:3]]  # a pure power law is a straight line in log-log: interpolation is exact
     assert [m for m, _ in measured] == pytest.approx([3.0] * 3, rel=1e-9) and not any(e for _, e in measured)
+
+
+def _synthetic_rows(losses: dict, flops: dict = None) -> list:
+    """Grid rows of complete runs: {(arch, scale): [final loss per seed]} (scale names sort by their size)."""
+    rows = []
+    for (arch, scale), values in losses.items():
+        size = float(scale.lstrip("s"))
+        for seed, loss in enumerate(values, start=1):
+            rows.append(dict(run=f"{arch}_{scale}_s{seed}", arch=arch, scale=scale, seed=seed, status="complete",
+                             final_val_loss=float(loss), data_id="d", data_identity={}, params=size,
+                             non_embedding_params=size, train_flops=(flops or {}).get(scale)))
+    return rows
+
+
+def test_difference_intervals_cover_at_their_rate_and_a_zero_difference_is_not_marked():
+    """200 simulated sweeps (3 seeds; transformer, resformer, satformer at 2 scales) with known offsets and known,
+    unequal seed noise: each 95 % Welch interval covers its true difference in 90-99 % of the sweeps (binomial
+    sd at 200: 1.5 %), a zero difference is marked in about 5 %, a large one nearly always."""
+    import numpy as np
+
+    from megatron_sat.analysis import grid_table
+
+    truth = {("transformer", "s1"): 3.00, ("resformer", "s1"): 2.98, ("satformer", "s1"): 2.96,
+             ("transformer", "s2"): 2.80, ("resformer", "s2"): 2.80, ("satformer", "s2"): 2.79}
+    noise = {"transformer": 0.010, "resformer": 0.015, "satformer": 0.005}
+    rng = np.random.default_rng(26)
+    covered, marked, sweeps = {}, {}, 200
+    for _ in range(sweeps):
+        rows = _synthetic_rows({k: mu + rng.normal(0.0, noise[k[0]], 3) for k, mu in truth.items()})
+        summary = grid_table.summarize(rows, fit_params="params", bootstrap=0)
+        for ref, per_arch in summary["differences"].items():
+            for arch, per_scale in per_arch.items():
+                for scale, d in per_scale.items():
+                    key = (ref, arch, scale)
+                    true = truth[(arch, scale)] - truth[(ref, scale)]
+                    covered[key] = covered.get(key, 0) + (d["low"] <= true <= d["high"])
+                    marked[key] = marked.get(key, 0) + bool(d["significant"])
+    rates = {k: v / sweeps for k, v in covered.items()}
+    print("coverage of the 95 % Welch intervals over 200 sweeps:",
+          ", ".join(f"{a}-{r} {sc}: {v:.3f}" for (r, a, sc), v in sorted(rates.items())))
+    assert len(rates) == 8 and all(0.90 <= v <= 0.99 for v in rates.values()), rates
+    assert 0.93 <= sum(covered.values()) / (8 * sweeps) <= 0.97  # all 1600 (correlated) intervals together
+    zero = [("transformer", "resformer", "s2"), ("resformer", "transformer", "s2")]
+    assert all(marked[k] / sweeps <= 0.10 for k in zero), marked  # true difference 0: marked ~5 % of the time
+    assert marked[("transformer", "satformer", "s1")] / sweeps >= 0.9, marked  # -0.04, 4x the noise: found
+
+    # one sweep in the table: equal archs are not marked, a clear difference is, one seed gets no interval
+    rows = _synthetic_rows({("transformer", "s1"): [3.00, 3.02, 2.98], ("resformer", "s1"): [3.01, 2.99, 3.00],
+                            ("satformer", "s1"): [2.90, 2.91, 2.89], ("satformer", "s2"): [2.7],
+                            ("transformer", "s2"): [2.80, 2.81]})
+    summary = grid_table.summarize(rows, fit_params="params", bootstrap=0)
+    same = summary["differences"]["transformer"]["resformer"]["s1"]
+    assert same["diff"] == pytest.approx(0.0, abs=1e-12) and same["low"] < 0 < same["high"] and not same["significant"]
+    assert summary["differences"]["transformer"]["satformer"]["s1"]["significant"]
+    table = grid_table.markdown(summary, "synthetic")
+    assert re.search(r"\| resformer \| \+0\.0000 \[-0\.\d{4}, \+0\.\d{4}\] \| -", table), table
+    assert re.search(r"\| satformer \| -0\.1000 \[-0\.\d{4}, -0\.\d{4}\] \*\*\\\*\*\* \| -0\.1050 \(n=1/2\)", table), table
+
+
+def test_multiplier_interval_from_the_seed_bootstrap_of_the_fits():
+    """An arch that is a Transformer given 3x the compute, seeds with small noise at 4 scales: the fitted multiplier
+    is near 3 and its bootstrap interval holds 3; the table shows the interval."""
+    import numpy as np
+
+    from megatron_sat.analysis import grid_table
+
+    rng = np.random.default_rng(0)
+    flops = {f"s{i}": c for i, c in enumerate(np.geomspace(1e15, 1e18, 4).tolist(), start=1)}
+    law = lambda c: 2.0 + 50.0 * c ** -0.1  # noqa: E731
+    losses = {}
+    for scale, c in flops.items():
+        losses[("transformer", scale)] = law(c) + rng.normal(0, 0.003, 3)
+        losses[("satformer", scale)] = law(3 * c) + rng.normal(0, 0.003, 3)
+    summary = grid_table.summarize(_synthetic_rows(losses, flops), fit_params="params", bootstrap=200)
+    m = summary["multiplier"]["satformer"]
+    for scale in flops:
+        low, high = m["from_fits_interval"][scale]
+        assert low < m["from_fits"][scale] < high and low <= 3.0 <= high, (scale, low, m["from_fits"][scale], high)
+    table = grid_table.markdown(summary, "synthetic")
+    assert re.search(r"\| satformer \| fits \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", table), table
 
 
 def test_validation_samples_do_not_depend_on_the_seed():

@@ -16,8 +16,8 @@ import sys
 import numpy
 import pytest
 
-pytest.importorskip("tiktoken", reason="needs requirements/hf.txt (tiktoken)")
-pytest.importorskip("tokenizers", reason="needs requirements/hf.txt (transformers, tokenizers)")
+pytest.importorskip("tiktoken", reason="needs the hf extra (tiktoken)")
+pytest.importorskip("tokenizers", reason="needs the hf extra (transformers, tokenizers)")
 
 from megatron_sat.data import default_corpus_documents, load_tokenizer, preprocess, train_bpe_tokenizer  # noqa: E402
 from megatron_sat.data.fastbpe import ADVERSARIAL, fast_encoder  # noqa: E402

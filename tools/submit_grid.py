@@ -53,7 +53,7 @@ NAME_IGNORES = {
     "save_retain_interval", "async_save", "verify_checkpoint", "ckpt_fallback", "allow_tokenizer_mismatch",
     "debug_save_delay", "debug_fail_save_at", "eval_samples", "train_data_path", "valid_data_path", "test_data_path",
     "override_opt_param_scheduler", "use_checkpoint_opt_param_scheduler", "distributed_timeout_minutes",
-    "hang_timeout_minutes",
+    "hang_timeout_minutes", "tensorboard_dir",
 }
 NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
 

@@ -146,11 +146,15 @@ def main(argv=None) -> int:
             rows.append(grid.read_run(path, slurm, stale_s=3600.0 * opts.stale_hours))
         rows, sweeps = _select(rows, grid.sweep_records(opts.runs), opts.sweep)
         pending = grid.pending_entries(sweeps, rows, slurm)
+        # finished jobs: Slurm's final state, exit code and elapsed time from its accounting (sacct)
+        accounting, note = grid.sacct_states(r["slurm_job"] for r in rows + pending
+                                             if r.get("slurm_state") not in grid.ACTIVE_SLURM)
+        grid.add_final_states(rows + pending, accounting, note)
     except (grid.GridError, ValueError) as e:
         print(f"collect_grid: error: {e}", file=sys.stderr)
         return 2
     if opts.status:
-        print(grid.status_table(rows, pending))
+        print(grid.status_table(rows, pending, note))
         return 0
     if not rows:
         print(f"collect_grid: error: no run of {f'sweep {opts.sweep}' if opts.sweep else 'the folders given'} has "
@@ -163,18 +167,21 @@ def main(argv=None) -> int:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     log(f"collect_grid: {len(rows)} run(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         + (f"; {len(pending)} grid entr{'y' if len(pending) == 1 else 'ies'} not started" if pending else ""))
+    if note:
+        log(f"collect_grid: {note}: final states of finished Slurm jobs are unknown")
     log("collect_grid: fitting (scipy; bootstrap over seeds where there are 2 or more) ...")
     fit_params = "non_embedding_params" if opts.fit_params == "non_embedding" else "params"
     summary = grid_table.summarize(rows, fit_params=fit_params, bootstrap=opts.bootstrap)
     summary["not_complete"] += [{k: p.get(k) for k in ("run", "arch", "scale", "seed", "status", "slurm_job",
-                                                        "slurm_state")} for p in pending]
+                                                        "slurm_state", "reason")} for p in pending]
     title = opts.title or (f"Sweep {opts.sweep}" if opts.sweep else "Scaling grid")
     stamp = time.strftime("%Y-%m-%d %H:%M")
     table = grid_table.markdown(summary, title).replace(
         "\n", f"\n{len(rows)} run(s) collected {stamp} from {', '.join(opts.runs)}; status: "
-        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ".\n", 1)
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "."
+        + (f" {note}: final states of finished Slurm jobs are unknown." if note else "") + "\n", 1)
     fits = {k: summary[k] for k in ("fit_params", "main_data_id", "main_data", "scales", "archs", "multiplier",
-                                    "conflicts")}
+                                    "differences", "conflicts")}
     fits["fits"] = {a: {k: {x: y for x, y in f.items() if x != "draws"} for k, f in v.items()}
                     for a, v in summary["fits"].items()}
     fits["cells"] = summary["cells"]

@@ -13,6 +13,13 @@ A run folder holds config.json and metrics.jsonl (megatron_sat/training/monitor.
     wall_hours, gpu_hours         wall_time_s of the last line (all attempts, from each process start); x world size
     peak_memory_gib               the GPU's peak reserved memory if the run had one, else the CPU peak RSS (rank 0)
     status                        complete / running / failed / stopped (run_status), restarts: attempts - 1
+    slurm_job, slurm_state        the last attempt's Slurm job; its state: squeue's while it lives, after that
+    slurm_exit_code, slurm_elapsed  Slurm's final state (TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, CANCELLED, ...), exit
+                                  code (code:signal) and elapsed time from its accounting (sacct, add_final_states)
+    saved_step, reason            the last checkpoint (latest_checkpointed_iteration.txt); why the run is not
+                                  complete: the trainer's end line, or for an attempt that ended without one,
+                                  Slurm's ("TIMEOUT after 04:00:00 (limit 04:00:00), exit code 0:15; no save since
+                                  step 1200")
     eval:<task>, eval_avg:<suite> scores of tools/evaluate.py results.json files inside the run folder (the main
                                   metric per task, as in megatron_sat/analysis/evaluation.py)
 
@@ -42,7 +49,8 @@ COLUMNS = ["run", "arch", "scale", "seed", "status", "step", "train_iters", "par
            "tokens", "train_flops", "final_val_loss", "final_val_step", "best_val_loss", "last_train_loss",
            "tokens_per_s_per_gpu", "mfu", "step_time_s", "wall_hours", "gpu_hours", "peak_memory_gib",
            "peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "peak_cpu_rss_gib", "restarts", "world_size", "sweep",
-           "recipe", "data_id", "slurm_job", "slurm_state", "reason", "path"]
+           "recipe", "data_id", "slurm_job", "slurm_state", "slurm_exit_code", "slurm_elapsed", "saved_step",
+           "reason", "path"]
 ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                 "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
 SKIP_DIRS = ("wandb", "data_cache", "index_cache")
@@ -131,15 +139,99 @@ def squeue_states() -> Optional[Dict[str, str]]:
         if len(parts) != 2:
             continue
         job, state = parts
-        m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job)
-        if not m:
-            out[job] = state
-            continue
-        for item in m.group(2).split("%")[0].split(","):
-            lo, _, hi = item.partition("-")
-            for task in range(int(lo), int(hi or lo) + 1):
-                out[f"{m.group(1)}_{task}"] = state
+        for one in array_tasks(job):
+            out[one] = state
     return out
+
+
+def array_tasks(job: str) -> List[str]:
+    """'123_[0-3,7%2]' (squeue's and sacct's way of writing array tasks that never started) -> '123_0' ... '123_7';
+    any other id as it is."""
+    m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job)
+    if not m:
+        return [job]
+    out = []
+    for item in m.group(2).split("%")[0].split(","):
+        lo, _, hi = item.partition("-")
+        out += [f"{m.group(1)}_{task}" for task in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Elapsed", "Timelimit", "End")
+
+
+def sacct_states(jobs: Iterable[str]):
+    """(records, note): {job id: {state, exit_code, elapsed, timelimit, end, by}} for the jobs Slurm's accounting
+    knows (the latest instance of a requeued job), and None, or None and one line saying why the accounting
+    cannot be asked (no sacct here, or a cluster without slurmdbd)."""
+    # an array's tasks by the array's id: sacct lists tasks that never started only under it, as one range
+    jobs = sorted({j.split("_")[0] for j in jobs if j})
+    if not jobs:
+        return {}, None
+    out = {}
+    for i in range(0, len(jobs), 200):
+        cmd = ["sacct", "-X", "-n", "-P", "-a", "-j", ",".join(jobs[i:i + 200]), "-o", ",".join(SACCT_FIELDS)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"Slurm accounting not available (sacct: {e})"
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            return None, f"Slurm accounting not available (sacct: {why})"
+        for line in proc.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) != len(SACCT_FIELDS):
+                continue
+            job, state, code, elapsed, limit, end = parts
+            state, _, by = state.partition(" by ")  # "CANCELLED by 0": the uid that cancelled it
+            for one in array_tasks(job):  # tasks cancelled before they started: one line for the range
+                out[one] = dict(state=state, exit_code=code, elapsed=elapsed, timelimit=limit, end=end, by=by or None)
+    return out, None
+
+
+def slurm_reason(record: dict) -> str:
+    """Why an attempt ended, in Slurm's words: "TIMEOUT after 04:00:00 (limit 04:00:00), exit code 0:15"."""
+    text = f"{record['state']}" + (f" by uid {record['by']}" if record.get("by") else "")
+    text += f" after {record['elapsed']}"
+    if record["state"] == "TIMEOUT" and record.get("timelimit"):
+        text += f" (limit {record['timelimit']})"
+    return text + f", exit code {record['exit_code']}"
+
+
+def add_final_states(rows: List[dict], accounting: Optional[dict], note: Optional[str] = None) -> None:
+    """Slurm's final state of each finished job into the rows (and grid entries that never started): state,
+    exit code, elapsed time, and the reason of a run whose last attempt ended without an end line. With no
+    accounting (None), a run without an end line says so in its reason (`note`)."""
+    for r in rows:
+        job = r.get("slurm_job")
+        if not job or r.get("slurm_state") in ACTIVE_SLURM:
+            continue  # no Slurm job, or squeue still shows it
+        record = (accounting or {}).get(job)
+        no_end = r.get("no_end_line") or r["status"] == "not started"
+        if record is None:
+            if accounting is None and note and no_end and r["status"] != "not started":
+                r["reason"] = f"{r.get('reason')}; {note}"
+            continue
+        r.update(slurm_state=record["state"], slurm_exit_code=record["exit_code"], slurm_elapsed=record["elapsed"])
+        if record["state"] in ACTIVE_SLURM:  # sacct knows it still runs (squeue did not answer)
+            if r["status"] in ("failed", "stopped", "running"):
+                r.update(status="running", reason=f"Slurm {record['state']}")
+            continue
+        if r["status"] == "complete":
+            continue
+        if r["status"] == "running":
+            if not (r.get("reason") or "").startswith("metrics.jsonl changed"):
+                continue  # its process runs here
+            r["status"] = "failed"  # judged by how recently metrics.jsonl changed: Slurm knows better
+            no_end = True
+        said = slurm_reason(record)
+        if r["status"] == "not started":
+            r["reason"] = f"{said}, before the run wrote anything"
+        elif no_end:
+            saved = r.get("saved_step")
+            r["reason"] = said + (f"; no save since step {saved}" if saved else "; no checkpoint saved")
+        else:
+            r["reason"] = f"{r.get('reason') or r['status']}; Slurm: {said}"
 
 
 def process_alive(attempt: dict) -> Optional[bool]:
@@ -150,6 +242,8 @@ def process_alive(attempt: dict) -> Optional[bool]:
         import psutil
 
         proc = psutil.Process(int(attempt["pid"]))
+        if proc.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped (an orphan whose parent died with it)
+            return False
         start = attempt.get("process_start")
         return start is None or abs(proc.create_time() - float(start)) < 1.0
     except Exception:  # no such process (or psutil missing: treat as gone)
@@ -236,6 +330,12 @@ def read_run(folder: str, slurm: Optional[Dict[str, str]] = None, stale_s: float
     slurm_state = (slurm or {}).get(slurm_job) if slurm_job else None
     age = time.time() - os.path.getmtime(metrics_path)
     status, reason = run_status(records, config, process_alive(attempt), slurm_state, age, stale_s)
+    try:
+        from megatron_sat.training.run_folder import read_tracker
+
+        saved_step = read_tracker(folder)
+    except Exception:  # noqa: BLE001 - a tracker being written or damaged: the checkpoint tools name it
+        saved_step = None
     world = config.get("world_size") or 1
     seq = config.get("seq_length") or 0
     step = max((r["step"] for r in train), default=0)
@@ -267,7 +367,8 @@ def read_run(folder: str, slurm: Optional[Dict[str, str]] = None, stale_s: float
         peak_gpu_allocated_gib=gpu_alloc, peak_gpu_reserved_gib=gpu_reserved, peak_cpu_rss_gib=cpu_rss,
         restarts=config.get("restarts", max(len(attempts) - 1, 0)), world_size=world, sweep=config.get("sweep"),
         recipe=config.get("recipe"), data_id=data_id(config), slurm_job=slurm_job, slurm_state=slurm_state,
-        reason=reason, path=folder)
+        saved_step=saved_step, reason=reason, path=folder)
+    row["no_end_line"] = not (records and records[-1].get("event") == "end")
     row.update(eval_scores(folder))
     row["eta_s"] = (row["step_time_s"] * (row["train_iters"] - step)
                     if status == "running" and row["step_time_s"] and row["train_iters"] else None)
@@ -284,6 +385,7 @@ def read_runs(folders: Iterable[str], stale_s: float = 3600.0, progress=None) ->
         if progress:
             progress(f"reading {i}/{len(paths)}: {path}")
         rows.append(read_run(path, slurm, stale_s))
+    add_final_states(rows, *sacct_states(r["slurm_job"] for r in rows if r.get("slurm_state") not in ACTIVE_SLURM))
     return rows
 
 
@@ -376,9 +478,11 @@ def _fmt_eta(seconds) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def status_table(rows: List[dict], pending: List[dict] = ()) -> str:
-    """--status: one line per run (and per queued entry): status, step / total, ETA, last loss, Slurm job."""
-    head = ["run", "arch", "scale", "seed", "status", "step", "ETA", "last loss", "val loss", "slurm job", "state"]
+def status_table(rows: List[dict], pending: List[dict] = (), note: Optional[str] = None) -> str:
+    """--status: one line per run (and per queued entry): status, step / total, ETA, last loss, Slurm job and
+    state, and why a run that is not running or complete ended; `note` (no accounting) as the last line."""
+    head = ["run", "arch", "scale", "seed", "status", "step", "ETA", "last loss", "val loss", "slurm job", "state",
+            "reason"]
     lines = []
     for r in list(rows) + list(pending):
         total = r.get("train_iters")
@@ -387,11 +491,13 @@ def status_table(rows: List[dict], pending: List[dict] = ()) -> str:
                       _fmt_eta(r.get("eta_s")),
                       f"{r['last_train_loss']:.4f}" if r.get("last_train_loss") is not None else "-",
                       f"{r['final_val_loss']:.4f}" if r.get("final_val_loss") is not None else "-",
-                      r.get("slurm_job") or "-", r.get("slurm_state") or "-"])
+                      r.get("slurm_job") or "-", r.get("slurm_state") or "-",
+                      "" if r["status"] in ("complete", "running") else r.get("reason") or ""])
     widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
     fmt = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
     counts = {}
     for r in list(rows) + list(pending):
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in lines] + [summary or "no runs"])
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in lines] + [summary or "no runs"]
+                     + ([note + ": final states of finished jobs are unknown"] if note else []))

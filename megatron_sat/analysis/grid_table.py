@@ -5,6 +5,14 @@ share: data path or blend, tokenizer, its vocabulary, the validation set's id): 
 the final validation loss. Runs of an arch x scale on other data are flagged and summarised apart, never mixed
 in. Scales are ordered by their parameter count. Fits (scaling.py) use the cells' means: loss against the
 non-embedding parameters (Kaplan's N; --fit-params total for all parameters) and against the training FLOPs.
+
+Which differences are real (difference): each arch minus the Transformer and minus ResFormer at each scale, the
+difference of the seed means with a 95 % Welch t interval (unequal variances, Welch-Satterthwaite degrees of
+freedom), marked * where the interval excludes 0. Welch's t rather than a bootstrap: a sweep has 2-5 seeds per
+cell, and a bootstrap of so few values is too narrow (its spread of a mean of n values is sqrt((n-1)/n) of the
+truth, and it only ever sees the values it has), while the t interval covers at its stated rate for normal seed
+noise at any n >= 2 (tests/test_collect_grid.py checks 95 % coverage over simulated sweeps). The seeds are not
+paired across archs (the same seed gives another initialisation to another model), so no paired test.
 """
 
 import math
@@ -27,6 +35,29 @@ def _mean_sd(values):
     return (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None, len(values))
 
 
+LEVEL = 0.95  # of the difference and multiplier intervals
+
+
+def difference(values: List[float], reference: List[float], level: float = LEVEL) -> dict:
+    """mean(values) - mean(reference) with its Welch t interval: {diff, se, df, low, high, significant, n, n_ref};
+    low/high/significant None when either side has fewer than 2 seeds (no spread to judge by)."""
+    from scipy import stats
+
+    a, b = [float(v) for v in values], [float(v) for v in reference]
+    out = dict(diff=statistics.fmean(a) - statistics.fmean(b), n=len(a), n_ref=len(b), se=None, df=None, low=None,
+               high=None, significant=None, level=level)
+    if len(a) < 2 or len(b) < 2:
+        return out
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0.0:  # identical seeds on both sides: the difference is what it is
+        return dict(out, se=0.0, low=out["diff"], high=out["diff"], significant=out["diff"] != 0.0)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + level / 2.0, df)) * se
+    low, high = out["diff"] - half, out["diff"] + half
+    return dict(out, se=se, df=df, low=low, high=high, significant=bool(low > 0.0 or high < 0.0))
+
+
 def summarize(rows: List[dict], fit_params: str = "non_embedding_params", bootstrap: int = 300) -> dict:
     """Everything table.md and fits.json show (JSON-able)."""
     done = [r for r in rows if r["status"] == "complete" and r.get("final_val_loss") is not None]
@@ -44,8 +75,10 @@ def summarize(rows: List[dict], fit_params: str = "non_embedding_params", bootst
     cells = {}
     for (arch, scale), runs in by_group.items():
         mean, sd, n = _mean_sd(r["final_val_loss"] for r in runs)
+        runs = sorted(runs, key=lambda r: (r["seed"] is None, r["seed"]))
         cells.setdefault(arch, {})[scale] = dict(
-            mean=mean, sd=sd, n=n, seeds=sorted(r["seed"] for r in runs), runs=[r["run"] for r in runs],
+            mean=mean, sd=sd, n=n, seeds=[r["seed"] for r in runs], runs=[r["run"] for r in runs],
+            losses=[float(r["final_val_loss"]) for r in runs],
             params=statistics.fmean(r[fit_params] for r in runs) if all(r.get(fit_params) for r in runs) else None,
             flops=statistics.fmean(r["train_flops"] for r in runs) if all(r.get("train_flops") for r in runs) else None,
             tokens_per_s_per_gpu=_mean_or_none(r.get("tokens_per_s_per_gpu") for r in runs),
@@ -72,7 +105,11 @@ def summarize(rows: List[dict], fit_params: str = "non_embedding_params", bootst
             except scaling.FitError as e:
                 fits[arch][key] = dict(error=str(e))
     multiplier = _multipliers(cells, fits, archs, scales)
-    return dict(fit_params=fit_params, main_data_id=main,
+    differences = {ref: {a: {sc: difference(cells[a][sc]["losses"], cells[ref][sc]["losses"])
+                             for sc in scales if sc in cells[a] and sc in cells[ref]}
+                         for a in archs if a != ref}
+                   for ref in REFERENCES if ref in cells}
+    return dict(fit_params=fit_params, main_data_id=main, differences=differences,
                 main_data=next((r["data_identity"] for r in used), None), scales=scales, archs=archs, cells=cells,
                 fits=fits, multiplier=multiplier, conflicts=[list(c) for c in conflicts],
                 apart=[{k: r[k] for k in ("run", "arch", "scale", "seed", "data_id", "final_val_loss")} for r in apart],
@@ -97,7 +134,7 @@ def _multipliers(cells, fits, archs, scales) -> dict:
     for arch in archs:
         if arch == ref:
             continue
-        per_scale, from_fits, spread = {}, {}, {}
+        per_scale, from_fits, spread, interval = {}, {}, {}, {}
         for scale in scales:
             c = cells[arch].get(scale)
             if c is None or not c["flops"]:
@@ -108,7 +145,8 @@ def _multipliers(cells, fits, archs, scales) -> dict:
             if "error" not in fit and "error" not in ref_fit and ref_fit:
                 from_fits[scale] = scaling.multiplier_from_fits(fit, ref_fit, c["flops"])
                 spread[scale] = scaling.multiplier_spread(fit, ref_fit, c["flops"])
-        out[arch] = dict(per_scale=per_scale, from_fits=from_fits, from_fits_sd=spread)
+                interval[scale] = scaling.multiplier_interval(fit, ref_fit, c["flops"], LEVEL)
+        out[arch] = dict(per_scale=per_scale, from_fits=from_fits, from_fits_sd=spread, from_fits_interval=interval)
     if "error" in ref_fit:
         out["note"] = f"from the fits: none (Transformer: {ref_fit['error']})"
     return out
@@ -153,11 +191,12 @@ def markdown(summary: dict, title: str) -> str:
                 f"(id {s['main_data_id']}).", ""]
         out += _table(["arch"] + [_scale_head(s, sc) for sc in scales],
                       [[a] + [_cell(cells[a].get(sc)) for sc in scales] for a in archs])
-        for ref in (r for r in ("transformer", "resformer") if r in cells):
+        for ref, diffs in s.get("differences", {}).items():
             out += ["", f"## Difference to {'the Transformer' if ref == 'transformer' else 'ResFormer'}", "",
-                    f"arch minus {ref}, same scale (± the standard error of the difference when both have 2+ seeds; "
-                    "negative: lower loss).", ""]
-            out += _table(["arch"] + scales, [[a] + [_diff(cells[a].get(sc), cells[ref].get(sc)) for sc in scales]
+                    f"arch minus {ref}, same scale: difference of the seed means [{LEVEL:.0%} Welch t interval] "
+                    "(negative: lower loss). **\\*** the interval excludes 0: larger than the seed noise. No interval "
+                    "where a side has one seed.", ""]
+            out += _table(["arch"] + scales, [[a] + [_diff(diffs[a].get(sc)) for sc in scales]
                                               for a in archs if a != ref])
         out += _eval_tables(s)
         out += _fit_tables(s, which)
@@ -186,14 +225,12 @@ def _cell(c):
     return f"{c['mean']:.4f}" + (f" ± {c['sd']:.4f}" if c["sd"] is not None else "") + f" ({c['n']})"
 
 
-def _diff(c, ref):
-    if c is None or ref is None:
+def _diff(d):
+    if d is None:
         return "-"
-    d = c["mean"] - ref["mean"]
-    if c["sd"] is not None and ref["sd"] is not None:
-        se = math.sqrt(c["sd"] ** 2 / c["n"] + ref["sd"] ** 2 / ref["n"])
-        return f"{d:+.4f} ± {se:.4f}"
-    return f"{d:+.4f}"
+    if d["low"] is None:
+        return f"{d['diff']:+.4f} (n={d['n']}/{d['n_ref']})"
+    return f"{d['diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]" + (" **\\***" if d["significant"] else "")
 
 
 def _eval_tables(s) -> List[str]:
@@ -248,8 +285,8 @@ def _fit_tables(s, which) -> List[str]:
     out += ["", "## Compute multiplier against the Transformer", "",
             "Transformer compute that reaches the arch's loss, divided by the arch's compute (> 1: the arch does "
             "as well as a Transformer given that much more compute). Measured: the Transformer's mean (FLOPs, loss) "
-            "points interpolated in log-log (~: extrapolated beyond them). Fits: both FLOPs fits (± paired bootstrap "
-            "sd).", ""]
+            "points interpolated in log-log (~: extrapolated beyond them). Fits: both FLOPs fits [the central "
+            f"{LEVEL:.0%} of the paired bootstrap over seeds; with 2-3 seeds per scale narrower than the truth].", ""]
     if "note" in m and len(m) == 1:
         return out + [m["note"]]
     lines = []
@@ -257,13 +294,16 @@ def _fit_tables(s, which) -> List[str]:
         if a == "note":
             continue
         lines.append([a, "measured"] + [_mult(v["per_scale"].get(sc)) for sc in s["scales"]])
-        lines.append([a, "fits"] + [_num(v["from_fits"].get(sc), ".3f")
-                                    + (f" ± {v['from_fits_sd'][sc]:.3f}" if v["from_fits_sd"].get(sc) else "")
+        lines.append([a, "fits"] + [_num(v["from_fits"].get(sc), ".3f") + _interval(v["from_fits_interval"].get(sc))
                                     for sc in s["scales"]])
     out += _table(["arch", "from"] + s["scales"], lines)
     if "note" in m:
         out += ["", m["note"]]
     return out
+
+
+def _interval(iv):
+    return "" if not iv else f" [{_num(iv[0], '.3f')}, {_num(iv[1], '.3f')}]"
 
 
 def _spread(bootstrap: dict) -> dict:

@@ -12,6 +12,10 @@ fit_with_bootstrap(points)    points {x: [loss per seed]}: the fit of the per-x 
 compute_to_reach(fit, L)      the compute at which a fitted curve reaches loss L (inf at or below its E).
 multiplier_from_fits(f, t, C) how much more Transformer compute reaches the loss arch f has at compute C:
                               compute_to_reach(t, f(C)) / C. > 1: the arch is worth that much more compute.
+multiplier_interval(f, t, C)  its percentile interval over the paired bootstrap draws of both fits (seeds
+                              resampled per scale): the spread that seed noise gives the fits; with 2-3 seeds
+                              per scale it is narrower than the truth (a bootstrap of 3 values), so read it as
+                              a lower bound on the uncertainty, not a calibrated 95 % interval.
 multiplier_measured(...)      the same from measured points: the Transformer's (C, L) means interpolated
                               linearly in log C against log L (extrapolated beyond its points: flagged).
 """
@@ -126,6 +130,19 @@ def multiplier_spread(fit: dict, reference: dict, compute: float) -> Optional[fl
     values = [multiplier_from_fits(a[i], b[i], compute) for i in range(n)]
     values = [v for v in values if math.isfinite(v)]
     return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def multiplier_interval(fit: dict, reference: dict, compute: float, level: float = 0.95) -> Optional[list]:
+    """[low, high]: the central `level` share of the multiplier over paired bootstrap draws of the two fits
+    (order statistics, so an infinite draw - the arch's loss below the Transformer's fitted E - gives an
+    infinite bound rather than an error); None without draws."""
+    a, b = fit.get("draws") or [], reference.get("draws") or []
+    n = min(len(a), len(b))
+    if n < 2:
+        return None
+    values = sorted(multiplier_from_fits(a[i], b[i], compute) for i in range(n))
+    tail = (1.0 - level) / 2.0
+    return [float(values[int(math.floor(tail * (n - 1)))]), float(values[int(math.ceil((1.0 - tail) * (n - 1)))])]
 
 
 def multiplier_measured(reference_points: Sequence[tuple], loss: float, compute: float):

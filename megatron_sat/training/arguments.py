@@ -7,6 +7,7 @@ fails in about a second with a clear message and leaves no checkpoint behind.
 """
 
 import argparse
+import importlib.util
 import os
 from typing import List, Optional, Sequence
 
@@ -163,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     g("--wandb-exp-name", default=None)
     g("--wandb-mode", default=None, choices=["online", "offline", "disabled"],
       help="default: online when api.wandb.ai is reachable, else offline")
+    g("--tensorboard-dir", default=None, metavar="DIR",
+      help="also write TensorBoard event files to DIR (Megatron-LM's flag; the metrics.jsonl scalars; needs the "
+           "tensorboard package)")
     g("--peak-tflops", type=float, default=None, help="peak TFLOP/s per device for MFU (default: device table)")
     g("--no-progress-bar", dest="progress_bar", action="store_false")
     # downstream tasks during training (megatron_sat/analysis/training_tasks.py); checked by eval_tasks_errors
@@ -303,6 +307,11 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append(str(e))
     errors += save_folder_errors(args)
     errors += eval_tasks_errors(args)
+    if args.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
+        errors.append("--tensorboard-dir needs the tensorboard package: pip install tensorboard "
+                      "(in the train extra of megatron-sat)")
+    if args.tensorboard_dir and os.path.exists(args.tensorboard_dir) and not os.path.isdir(args.tensorboard_dir):
+        errors.append(f"--tensorboard-dir {args.tensorboard_dir} is a file: give a folder (new, or this run's)")
     if errors:
         raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
 

@@ -17,13 +17,28 @@ memory}. config.json gets "scale", "sweep" ($MSAT_SWEEP), "non_embedding_paramet
 path or blend, tokenizer, its vocabulary, the validation set's id from training/data.py) and "attempts" (one
 entry per start: time, step, host, pid, Slurm job; "restarts" = attempts - 1). wandb: the runs of a sweep
 form one group ($MSAT_SWEEP, else $WANDB_RUN_GROUP) with arch, scale and seed in their config.
+
+One wandb run per run folder: config.json keeps "wandb": {"id", "name", "group"} from the first start, and every
+resumed start passes that id (resume="allow"), the same name (--wandb-exp-name, else the folder's name) and
+group, so a run requeued five times is one wandb run whose steps continue (offline: one offline-run-* folder per
+attempt, all with the same id, which `wandb sync` uploads to). wandb keeps a step once: steps that an
+earlier attempt logged after its last checkpoint are not logged again (metrics.jsonl and TensorBoard hold the
+resumed values). A run that starts over (no checkpoint to resume) gets a new id.
+
+--tensorboard-dir DIR (Megatron-LM's flag and layout: event files directly in DIR; global rank 0 writes them):
+the numeric scalars of every metrics.jsonl line under the same names as in wandb (loss, lr, grad_norm,
+tokens_per_s, mfu, val_loss, val_ppl, eval_tasks/<task>, gate_mean/layerNN, ...), at the training step. A
+resumed start opens its writer with purge_step = the loaded iteration + 1, so TensorBoard drops what earlier
+attempts logged after that checkpoint and every step appears once.
 """
 
 import json
 import math
 import os
+import random
 import resource
 import socket
+import string
 import sys
 import time
 from typing import Optional
@@ -111,23 +126,44 @@ def _slurm_job() -> Optional[str]:
     return env.get("SLURM_JOB_ID")
 
 
+def new_wandb_id() -> str:
+    """A wandb run id (8 lowercase letters and digits, as wandb.util.generate_id makes them)."""
+    return "".join(random.SystemRandom().choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def numeric_scalars(record: dict) -> dict:
+    """The numbers of a metrics.jsonl line, flat, under the names wandb and TensorBoard show (module docstring)."""
+    flat = {k: v for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    flat.update({f"eval_tasks/{k}": v for k, v in (record.get("eval_tasks") or {}).items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    for key in ("gate_mean", "gate_zero_frac"):
+        for layer, v in enumerate(record.get(key) or [], start=1):
+            if v is not None:
+                flat[f"{key}/layer{layer:02d}"] = v
+    return flat
+
+
 class Monitor:
     def __init__(self, args, run_config: dict, start_iteration: int, resumed: bool, is_logger: bool):
         self.args = args
         self.enabled = is_logger
-        self.bar = self.wandb = None
+        self.bar = self.wandb = self.tensorboard = None
         self.metrics_path = os.path.join(args.save, "metrics.jsonl")
         self.last_step, self.closed = start_iteration, False
+        self.wandb_logged_to = 0  # steps up to here were logged to this wandb run by earlier attempts
+        self._tb_step = (None, set())  # (step, scalars written at it)
         if not self.enabled:
             return
         os.makedirs(args.save, exist_ok=True)
         self.t_process = _process_start()
-        run_config = self._run_record(args, run_config, start_iteration)
+        run_config = self._run_record(args, run_config, start_iteration, resumed)
         kept = []
         if resumed and os.path.exists(self.metrics_path):
             good, torn = records.read_lines(self.metrics_path)
             records.set_aside(self.metrics_path, torn, _say)  # a line cut short by a crash stops nothing
             kept = [line for line, record in good if record["step"] <= start_iteration]
+            self.wandb_logged_to = max((record.get("step") or 0 for _, record in good), default=0)
         elif os.path.getsize(self.metrics_path) if os.path.exists(self.metrics_path) else 0:
             # a run that died before its first checkpoint: starting over, but its log is kept aside
             aside = os.path.join(args.save, time.strftime("metrics.before-%Y%m%d-%H%M%S.jsonl"))
@@ -138,12 +174,18 @@ class Monitor:
                               json.dumps(run_config, indent=1, sort_keys=True, default=str))
         if args.wandb_project:
             self._init_wandb(run_config)
+        if getattr(args, "tensorboard_dir", None):
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (the train extra)
+
+            self.tensorboard = SummaryWriter(log_dir=args.tensorboard_dir,
+                                             purge_step=start_iteration + 1 if resumed else None)
+            self.print(f"tensorboard: event files in {args.tensorboard_dir}")
         if args.progress_bar and sys.stdout.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=args.train_iters, initial=start_iteration, unit="step", dynamic_ncols=True)
 
-    def _run_record(self, args, run_config: dict, start_iteration: int) -> dict:
+    def _run_record(self, args, run_config: dict, start_iteration: int, resumed: bool) -> dict:
         """run_config plus what a sweep's tables need (module docstring); reads the previous attempts' records."""
         before = records.read_json_file(
             os.path.join(args.save, "config.json"), _say,
@@ -169,6 +211,11 @@ class Monitor:
                                validation_set_id=validation.get("id"), validation_samples=validation.get("samples"),
                                validation_seed=validation.get("seed")),
             attempts=attempts, restarts=self.restarts, wall_time_before_s=self.wall_before)
+        # one wandb run per run folder: the first start's id, name and group, kept while the run resumes
+        old = before.get("wandb") if resumed else None
+        extra["wandb"] = dict(old) if isinstance(old, dict) and old.get("id") else dict(
+            id=new_wandb_id(), name=args.wandb_exp_name or os.path.basename(os.path.abspath(args.save)),
+            group=extra["sweep"] or os.environ.get("WANDB_RUN_GROUP") or None)
         return dict(run_config, **extra)
 
     def wall_time(self) -> float:
@@ -183,12 +230,13 @@ class Monitor:
             mode = "online" if _wandb_reachable() else "offline"
         if mode == "disabled":
             return
-        group = run_config.get("sweep") or os.environ.get("WANDB_RUN_GROUP") or None
+        ident = run_config["wandb"]
         config = dict(run_config, arch=run_config.get("arch"), scale=run_config.get("scale"),
                       seed=run_config.get("seed"))
-        self.wandb = wandb.init(project=self.args.wandb_project, name=self.args.wandb_exp_name, mode=mode,
-                                dir=self.args.save, config=config, group=group, resume="allow")
-        self.print(f"wandb: {mode} run in {self.args.save}/wandb")
+        self.wandb = wandb.init(project=self.args.wandb_project, id=ident["id"], name=ident["name"], mode=mode,
+                                dir=self.args.save, config=config, group=ident["group"], resume="allow")
+        again = f", resumed after step {self.wandb_logged_to}" if self.wandb_logged_to else ""
+        self.print(f"wandb: {mode} run {ident['id']} in {self.args.save}/wandb{again}")
 
     def print(self, text: str) -> None:
         if not self.enabled:
@@ -205,14 +253,20 @@ class Monitor:
         record = dict(record, wall_time_s=self.wall_time())
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            flat = {k: v for k, v in record.items() if k != "step" and not isinstance(v, (list, dict))}
-            flat.update({f"eval_tasks/{k}": v for k, v in (record.get("eval_tasks") or {}).items()})
-            for key in ("gate_mean", "gate_zero_frac"):
-                for layer, v in enumerate(record.get(key) or [], start=1):
-                    if v is not None:
-                        flat[f"{key}/layer{layer:02d}"] = v
-            self.wandb.log(flat, step=record["step"])
+        if record.get("event") == "end":  # an attempt's end: the run's summary, not a scalar of its last step
+            if self.wandb is not None:
+                self.wandb.summary.update({k: record.get(k) for k in ("status", "reason", "restarts")})
+            return
+        step, flat = record["step"], numeric_scalars(record)
+        if self.wandb is not None and step > self.wandb_logged_to:
+            self.wandb.log(flat, step=step)
+        if self.tensorboard is not None:
+            if self._tb_step[0] != step:
+                self._tb_step = (step, set())
+            for key, value in flat.items():
+                if key not in self._tb_step[1]:  # wall_time_s is in the train and validation lines of a step
+                    self._tb_step[1].add(key)
+                    self.tensorboard.add_scalar(key, value, global_step=step)
 
     def log_train(self, record: dict, eta_s: float) -> None:
         if self.enabled:
@@ -270,3 +324,6 @@ class Monitor:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None

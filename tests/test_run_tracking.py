@@ -1,0 +1,153 @@
+"""One wandb run and one TensorBoard history per run folder across preemptions (issue 26, items 1 and 2).
+
+    .venv/bin/python -m pytest -q tests/test_run_tracking.py      # about 1 minute on 2 idle cores
+
+A real trainer (debug_satformer, mock data, 16 steps, a save every 4), wandb offline and --tensorboard-dir,
+preempted twice as Slurm does it (SIGUSR1 to the process group after a save: it saves and exits 0), resumed twice:
+  * one wandb run: every offline-run-* folder has the id, name and group of the first start (config.json "wandb"),
+    and over all of them every step 1..16 is logged once, with metrics.jsonl's values;
+  * TensorBoard's own reader (EventAccumulator) sees every scalar once per step, with metrics.jsonl's values;
+  * a run that starts over without a checkpoint gets a new wandb id; bad --tensorboard-dir input exits 2.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import train_cli
+from train_cli import ROOT, latest, rows, start, wait_for
+from wandb_records import offline_runs
+
+FLAGS = ["--recipe", "debug_satformer", "--train-iters", "16", "--save-interval", "4", "--log-interval", "1",
+         "--eval-interval", "8", "--no-progress-bar", "--wandb-project", "msat-test", "--wandb-mode", "offline"]
+
+
+def _steps(folder):
+    return max((r["step"] for r in rows(folder) if "loss" in r), default=0)
+
+
+def _preempt_after_save(folder, tb, log_path, saved_at):
+    """Start (or resume) the run, wait for the save at `saved_at` and one more step, SIGUSR1 to the group."""
+    proc = start(*FLAGS, "--save", folder, "--load", folder, "--tensorboard-dir", tb, log_path=log_path)
+    try:
+        wait_for(lambda: latest(folder) == saved_at and _steps(folder) > saved_at, proc, f"the save at {saved_at}")
+        os.killpg(proc.pid, signal.SIGUSR1)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = open(log_path).read()
+    assert rc == 0 and "signal SIGUSR1" in log, log[-3000:]
+    return log
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tracking")
+    folder, tb = str(tmp / "run"), str(tmp / "tb")
+    os.environ["MSAT_SWEEP"] = "sweep-26"  # the trainer's group; the children inherit it
+    try:
+        logs = [_preempt_after_save(folder, tb, tmp / "w1.log", 4),
+                _preempt_after_save(folder, tb, tmp / "w2.log", 8)]
+        logs.append(train_cli.train(*FLAGS, "--save", folder, "--load", folder, "--tensorboard-dir", tb))
+    finally:
+        os.environ.pop("MSAT_SWEEP")
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    return dict(tmp=tmp, folder=folder, tb=tb, logs=logs, config=config, rows=rows(folder))
+
+
+def test_preempted_twice_is_one_wandb_run_with_every_step_once(run):
+    config, recs = run["config"], run["rows"]
+    assert len(config["attempts"]) == 3 and config["restarts"] == 2
+    ident = config["wandb"]
+    assert ident == {"id": ident["id"], "name": "run", "group": "sweep-26"} and len(ident["id"]) == 8, ident
+    wandb_runs = offline_runs(run["folder"])
+    assert len(wandb_runs) == 3, [r["path"] for r in wandb_runs]  # one offline folder per attempt ...
+    assert {(r["id"], r["name"], r["group"]) for r in wandb_runs} == {(ident["id"], "run", "sweep-26")}  # ... one run
+    steps = [h["_step"] for r in wandb_runs for h in r["history"]]
+    assert sorted(steps) == list(range(1, 17)), steps  # every step once over the three attempts
+    history = {h["_step"]: h for r in wandb_runs for h in r["history"]}
+    train = {r["step"]: r for r in recs if "loss" in r}
+    assert sorted(train) == list(range(1, 17))
+    for step, r in train.items():
+        assert history[step]["loss"] == r["loss"] and history[step]["lr"] == r["lr"], step
+    assert {s: history[s]["val_loss"] for s in (8, 16)} == {r["step"]: r["val_loss"] for r in recs if "val_loss" in r}
+    assert "gate_mean/layer02" in history[16]
+    assert [r["status"] for r in recs if r.get("event") == "end"] == ["stopped", "stopped", "complete"]
+    assert f"wandb: offline run {ident['id']}" in run["logs"][2] and "resumed after step" in run["logs"][2]
+
+
+def test_tensorboard_has_every_scalar_once_per_step(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len([f for f in os.listdir(run["tb"]) if f.startswith("events.out.tfevents.")]) == 3
+    acc = EventAccumulator(run["tb"], size_guidance={"scalars": 0})  # 0: keep every event
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_ppl", "wall_time_s",
+            "gate_mean/layer02", "gate_zero_frac/layer04"} <= set(tags), tags
+    for tag in tags:
+        steps = [e.step for e in acc.Scalars(tag)]
+        assert len(steps) == len(set(steps)), (tag, steps)
+    train = {r["step"]: r for r in run["rows"] if "loss" in r}
+    loss = {e.step: e.value for e in acc.Scalars("loss")}
+    assert sorted(loss) == list(range(1, 17))
+    assert all(loss[s] == pytest.approx(train[s]["loss"], rel=1e-6) for s in train)  # float32 in the event file
+    assert [e.step for e in acc.Scalars("val_loss")] == [8, 16]
+    assert sorted(e.step for e in acc.Scalars("wall_time_s")) == list(range(1, 17))
+
+
+def test_purged_steps_and_a_new_start(run, tmp_path):
+    """A resume from an older checkpoint (steps after it logged once already): TensorBoard drops the old ones
+    (purge_step), wandb does not log them twice; a start without checkpoint gets a new wandb id."""
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder, tb = tmp_path / "run", tmp_path / "tb"
+    shutil.copytree(run["folder"], folder, ignore=shutil.ignore_patterns("wandb"))
+    shutil.copytree(run["tb"], tb)
+    with open(folder / "latest_checkpointed_iteration.txt", "w") as f:
+        f.write("12")  # as if the saves at 16 had been lost: steps 13-16 run again
+    shutil.rmtree(folder / "iter_0000016")
+    out = train_cli.train(*FLAGS, "--save", folder, "--load", folder, "--tensorboard-dir", tb)
+    assert "resumed after step 16" in out
+    wandb_runs = offline_runs(folder)
+    assert [h["_step"] for r in wandb_runs for h in r["history"]] == []  # 13..16 are in the run already
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    acc.Reload()
+    for tag in acc.Tags()["scalars"]:
+        steps = [e.step for e in acc.Scalars(tag)]
+        assert len(steps) == len(set(steps)), (tag, steps)
+    assert sorted(e.step for e in acc.Scalars("loss")) == list(range(1, 17))
+    wall = {e.step: e.value for e in acc.Scalars("wall_time_s")}
+    new = {r["step"]: r["wall_time_s"] for r in rows(folder) if "loss" in r}
+    assert wall[16] == pytest.approx(new[16], rel=1e-6)  # the resumed value, not the purged one
+
+    # a start without a checkpoint to resume (the run died before its first save) is a new wandb run
+    from megatron_sat.training.arguments import parse_args
+    from megatron_sat.training.monitor import Monitor
+
+    args = parse_args([*FLAGS, "--wandb-mode", "disabled", "--save", str(tmp_path / "fresh")])
+    ids = []
+    for _ in range(2):
+        Monitor(args, dict(vars(args), num_parameters=1000, vocab_size=256), 0, resumed=False, is_logger=True).close()
+        ids.append(json.loads((tmp_path / "fresh" / "config.json").read_text())["wandb"]["id"])
+    assert ids[0] != ids[1]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_text("x"), "is a file: give a folder"),
+])
+def test_bad_tensorboard_dir_exits_2(tmp_path, make, message):
+    bad = tmp_path / "tb"
+    make(bad)
+    proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", *FLAGS, "--save", tmp_path / "r",
+                           "--tensorboard-dir", bad], cwd=ROOT, env=train_cli.env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
