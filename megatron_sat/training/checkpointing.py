@@ -123,9 +123,11 @@ def _rng_sharded(data) -> ShardedObject:
 
 
 def _state_dict(chunks, optimizer, loading: bool, common: dict, with_rng: bool) -> dict:
+    """optimizer None: the model (and RNG) only (--no-load-optim)."""
     model_sd = model_sharded_state_dict(chunks)
     sd = dict(model_sd)
-    sd["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=OPTIMIZER_METADATA)
+    if optimizer is not None:
+        sd["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=OPTIMIZER_METADATA)
     if with_rng:
         sd["rng_state"] = _rng_sharded(None if loading else _rng_state())
     sd.update(common)
@@ -342,20 +344,24 @@ def find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: boo
             iteration = older
 
 
-def restore(point: ResumePoint, chunks, optimizer, scheduler) -> dict:
+def restore(point: ResumePoint, chunks, optimizer, scheduler, *, load_optim: bool = True,
+            load_rng: bool = True) -> dict:
     """Load everything from a resume point; returns its common state plus 'rng_restored' and 'directory'.
 
-    RNG states are restored only when TP and PP match the saved layout (they are per rank)."""
+    RNG states are restored only when TP and PP match the saved layout (they are per rank). As Megatron-LM's
+    --no-load-optim / --no-load-rng: load_optim False leaves the optimizer and the LR scheduler as built (the
+    caller refreshes the optimizer's main parameters), load_rng False the RNG states."""
     saved, now = point.common["layout"], layout_key()
-    same_ranks = saved["tp"] == now["tp"] and saved["pp"] == now["pp"]
+    same_ranks = load_rng and saved["tp"] == now["tp"] and saved["pp"] == now["pp"]
     try:
-        loaded = dist_checkpointing.load(_state_dict(chunks, optimizer, True, {}, with_rng=same_ranks),
-                                         point.directory)
+        loaded = dist_checkpointing.load(_state_dict(chunks, optimizer if load_optim else None, True, {},
+                                                     with_rng=same_ranks), point.directory)
     except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load {point.directory}: {_reason(e)}") from None
     _load_model_state(chunks, loaded)
-    optimizer.load_state_dict(loaded["optimizer"])
-    scheduler.load_state_dict(point.common["opt_param_scheduler"])
+    if load_optim:
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(point.common["opt_param_scheduler"])
     if same_ranks:
         _set_rng_state(loaded["rng_state"])
     torch.distributed.barrier()
