@@ -323,15 +323,17 @@ def _resolve_layers(args: argparse.Namespace, level: dict) -> List[str]:
     # Megatron-LM's pairs: iteration- or sample-based length, warmup in iterations or as a fraction. Given at
     # the same layer both are refused, as Megatron-LM does; otherwise the higher layer's wins.
     if args.train_samples is not None:
-        if level.get("train_iters", 0) >= level.get("train_samples", 0):
+        if level.get("train_iters", 0) == level.get("train_samples", 0):
             errors.append("give --train-iters or --train-samples, not both")
+        elif level.get("train_iters", 0) > level.get("train_samples", 0):
+            args.train_samples = None
         elif args.train_samples < args.global_batch_size:
             errors.append(f"--train-samples {args.train_samples} is less than one global batch "
                           f"({args.global_batch_size}): give at least {args.global_batch_size}")
         else:
             args.train_iters = args.train_samples // args.global_batch_size
     if args.lr_warmup_fraction is not None:
-        if args.lr_warmup_iters and level.get("lr_warmup_iters", 0) >= level.get("lr_warmup_fraction", 0):
+        if args.lr_warmup_iters and level.get("lr_warmup_iters", 0) == level.get("lr_warmup_fraction", 0):
             errors.append("give --lr-warmup-iters or --lr-warmup-fraction, not both")
         elif level.get("lr_warmup_iters", 0) > level.get("lr_warmup_fraction", 0):
             args.lr_warmup_fraction = None
