@@ -243,3 +243,15 @@ def test_refusals_exit_2_with_what_to_do(tmp_path, capsys):
     (tmp_path / "typed.yaml").write_text("hidden_size: wide\n")
     assert "cannot read 'wide' as int" in _refused([*base, "--config", str(tmp_path / "typed.yaml")], capsys)
     assert not (tmp_path / "x").exists()
+
+
+def test_the_config_json_of_an_hf_import_is_a_config_file(tmp_path):
+    """tools/convert_from_hf.py records vars(args) + vocab_size + imported_from: --config takes its flags."""
+    recorded = vars(build_parser().parse_args(["--arch", "resformer", "--num-layers", "3", "--hidden-size", "48",
+                                               "--num-attention-heads", "4", "--train-iters", "9"]))
+    (tmp_path / "config.json").write_text(json.dumps(dict(recorded, vocab_size=50000, imported_from="/hf/x",
+                                                          save=str(tmp_path))))
+    args = parse_args(["--config", str(tmp_path / "config.json"), "--mock-data", "--vocab-size", "64",
+                       "--save", str(tmp_path / "more")])
+    assert (args.arch, args.num_layers, args.hidden_size, args.train_iters, args.vocab_size) == \
+        ("resformer", 3, 48, 9, 64)

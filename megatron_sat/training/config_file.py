@@ -3,7 +3,8 @@
 A config file holds the trainer's arguments under their flag names, with dashes or underscores
 (`hidden-size: 2048` or `hidden_size: 2048`); `--print-config` writes one from the resolved arguments.
 A run's own RUN/config.json is a config file too: its "arguments" entry (the run's resolved arguments)
-is read, or, in a config.json written before that entry existed, the top-level keys that are flags.
+is read, or, in a config.json written before that entry existed (and in the config.json of an HF import,
+tools/convert_from_hf.py), the top-level keys that are flags.
 
 The values go through the flag's own argparse type and choices (argparse and PyYAML do the work; the
 only code here maps a file's keys onto the parser's actions). Precedence, resolved in arguments.py:
@@ -63,7 +64,8 @@ def _run_record_arguments(data: dict, actions: dict):
     --load that pointed at the run's own folder (the run resuming itself) is dropped, with its --ckpt-step."""
     if isinstance(data.get("arguments"), dict) and "world_size" in data:
         out = dict(data["arguments"])
-    elif "world_size" in data and "model" in data and "num_parameters" in data:  # written before "arguments"
+    elif ("world_size" in data and "model" in data and "num_parameters" in data) or "imported_from" in data:
+        # a run's config.json written before "arguments", or tools/convert_from_hf.py's record of an import
         out = {k: v for k, v in data.items() if k in actions}
         if out.get("mock_data") or out.get("embedded_data"):  # the top-level vocab_size is the padded one
             out["vocab_size"] = data.get("tokenizer_vocab_size", out.get("vocab_size"))
