@@ -52,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     g("--print-config", action="store_true",
       help="print the resolved arguments as a config file (YAML) and exit 0; nothing is checked on disk")
     g("--arch", default="satformer", help=f"one of {', '.join(ARCHS)}")
-    g("--num-layers", type=int, default=4)
-    g("--hidden-size", type=int, default=64)
-    g("--num-attention-heads", type=int, default=4)
+    required = "required unless --recipe or --config gives it (no default)"
+    g("--num-layers", type=int, default=4, help=required)
+    g("--hidden-size", type=int, default=64, help=required)
+    g("--num-attention-heads", type=int, default=4, help=required)
     g("--num-query-groups", type=int, default=None, help="KV heads (default: = attention heads)")
     g("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
     g("--value-residual-gate", default="relu", help=f"SATFormer gate, one of {', '.join(GATES)}")
@@ -100,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     g("--micro-batch-size", type=int, default=2)
     g("--global-batch-size", type=int, default=8)
     g("--seq-length", type=int, default=32)
-    g("--train-iters", type=int, default=20, help="steps to train (required without --recipe / --config)")
+    g("--train-iters", type=int, default=20,
+      help="steps to train; it or --train-samples is required unless --recipe or --config gives it (no default)")
     g("--train-samples", type=int, default=None, metavar="N",
       help="instead of --train-iters (Megatron-LM): N sequences, i.e. floor(N / global batch) steps")
     g("--lr", type=float, default=1e-3)

@@ -151,7 +151,11 @@ def explicit_dests(parser: argparse.ArgumentParser, argv: List[str]) -> dict:
     import copy
 
     bare = copy.deepcopy(parser)
-    for action in bare._actions:
+    for action in list(bare._actions):
+        if isinstance(action, argparse._HelpAction):  # --help is answered by the real parser, with its defaults
+            bare._remove_action(action)
+            for option in action.option_strings:
+                bare._option_string_actions.pop(option, None)
         action.default = argparse.SUPPRESS
     bare._defaults = {}
     return vars(bare.parse_known_args(argv)[0])
