@@ -242,15 +242,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The trainer's arguments: recipe < config file < command line, resolved (resolve_args), then printed and
     exit 0 (--print-config) or validated (exit 2 with what to fix)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, parser = resolve_args(argv)
-    if args.print_config:
+    args, parser, errors = resolve_args(argv)
+    if args.print_config and not errors:
         sys.stdout.write(dump_config(args, parser))
         sys.stdout.flush()
         sys.exit(0)
-    try:
-        validate_args(args, int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))))
-    except ValueError as e:
-        parser.error(str(e))
+    if not args.print_config:  # every problem at once: the layers' and the values'
+        errors += argument_errors(args, int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))))
+    if errors:
+        parser.error("invalid arguments:\n  " + "\n  ".join(errors))
     return args
 
 
@@ -259,9 +259,9 @@ REQUIRED_SHAPE = ("num_layers", "hidden_size", "num_attention_heads")
 
 
 def resolve_args(argv: List[str]):
-    """(arguments, parser): the recipe's values, the config file's over them, the command line's over both; then
-    what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
-    --data-args-path). Bad input exits 2 (parser.error) naming what to fix."""
+    """(arguments, parser, errors): the recipe's values, the config file's over them, the command line's over
+    both; then what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
+    --data-args-path), with the problems found there. An unreadable config file or recipe exits 2 at once."""
     base = build_parser()
     given = explicit_dests(base, argv)  # the flags on the command line
     config = {}
@@ -286,11 +286,9 @@ def resolve_args(argv: List[str]):
     level.update({k: 2 for k, v in config.items() if v is not None})
     level.update({k: 3 for k in given})
     errors = _resolve_layers(args, level)
-    if errors:
-        parser.error("invalid arguments:\n  " + "\n  ".join(errors))
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", _folder_name(args.recipe) if args.recipe else "run")
-    return args, parser
+    return args, parser, errors
 
 
 def _folder_name(recipe: str) -> str:
@@ -365,6 +363,13 @@ def _dests(parser) -> set:
 
 def validate_args(args: argparse.Namespace, world_size: int) -> None:
     """Raise ValueError listing every problem found (megatron is not imported)."""
+    errors = argument_errors(args, world_size)
+    if errors:
+        raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+
+
+def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
+    """Every problem of the resolved arguments, one line each (megatron is not imported)."""
     errors = arch_errors(args)
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
@@ -420,8 +425,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         errors.append(str(e))
     errors += save_folder_errors(args)
     errors += eval_tasks_errors(args)
-    if errors:
-        raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+    return errors
 
 
 # the tokenizer types of Megatron-LM's --tokenizer-type that mean something here
