@@ -43,10 +43,49 @@ def register(name: str = None):
 
 
 def get(name: str) -> dict:
-    """The argument defaults of recipe `name`; ValueError naming the known recipes otherwise."""
+    """The argument defaults of recipe `name`; ValueError naming the known recipes otherwise.
+
+    `module:function` (or `path/to/file.py:function`) names a recipe outside this repository: a function of an
+    importable module (the working directory is on the path) that returns {argument dest: value}."""
+    if ":" in name:
+        return _external(name)
     if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}, or "
+                         "module:function for a recipe of your own")
     return dict(RECIPES[name]())
+
+
+def _external(name: str) -> dict:
+    """The defaults of recipe `module:function` (ValueError with what went wrong)."""
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    module_name, _, function = name.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                raise ValueError(f"recipe file {module_name} does not exist")
+            spec = importlib.util.spec_from_file_location(
+                "megatron_sat_recipe_" + os.path.basename(module_name)[:-3], module_name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` would: modules of the cwd
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except ValueError:
+        raise
+    except Exception as e:  # ImportError, or any error the module raises as it is imported
+        raise ValueError(f"recipe {name!r}: cannot import {module_name}: {type(e).__name__}: {e}") from None
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ValueError(f"recipe {name!r}: {module_name} has no function {function!r}")
+    out = fn()
+    if not isinstance(out, dict):
+        raise ValueError(f"recipe {name!r} returned {type(out).__name__}, not a dict of trainer arguments")
+    return dict(out)
 
 
 def base(lr: float = 1e-3, **overrides) -> dict:

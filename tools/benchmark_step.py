@@ -51,7 +51,8 @@ def main():
     p.add_argument("--backend", choices=["local", "te"], default=None, help="default: te on a GPU with TE, else local")
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
                    help="FP8 GEMMs (Transformer Engine on Hopper+; with --bf16; not for the dense baselines)")
-    p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--output", "--json", dest="json", metavar="FILE",
+                   help="also write the rows to this JSON file (--json: the older name)")
     args = p.parse_args()
     for error in arch_label_errors(args.archs):
         p.error(error)

@@ -4,8 +4,8 @@ that the trainer resumes from, at any TP/PP layout.
 
     python tools/convert_from_hf.py --hf hf/satformer --save runs/sat-import \\
         --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000
-    torchrun --nproc-per-node 4 -m megatron_sat.train --load runs/sat-import --save runs/sat-more \\
-        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000 ...
+    torchrun --nproc-per-node 4 -m megatron_sat.train --config runs/sat-import/config.json \\
+        --load runs/sat-import --save runs/sat-more --data-path DATA ...   # the import's shape and schedule
 
 Flags other than --hf, --save and --overwrite are the trainer's (python -m megatron_sat.train
 --help): layout, LR schedule and optimizer; the model's shape comes from the HF config. Writes

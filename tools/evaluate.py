@@ -9,6 +9,13 @@ suite, or any tasks.
     python tools/evaluate.py --model hf/satformer --suite zeroshot --device cuda --batch-size 16 --output evals/z
     python tools/evaluate.py --model hf/satformer --tasks megatron_sat_tiny_mc --include-path tests/data/eval
 
+lm-eval's own command line works too: comma-separated --tasks, --output_path, --log_samples, --seed, --num_fewshot,
+--limit, --batch_size, --include_path, and --model hf --model_args pretrained=DIR[,dtype=...]:
+
+    python tools/evaluate.py --model hf --model_args pretrained=hf/satformer --tasks piqa,hellaswag \
+        --num_fewshot 0 --batch_size 8 --output_path evals --log_samples --seed 1234
+    # evals/<model path, sanitized>/results_<time>.json and samples_<task>_<time>.jsonl, lm-eval's layout
+
 --model takes an export (lm-eval's HF backend); --checkpoint takes a trainer run folder or one of its
 iter_XXXXXXX folders, any arch and any saved layout, evaluated with no conversion by the megatron_sat
 backend (megatron_sat/analysis/lm_eval_backend.py; greedy generation without a KV cache). Its files are checked
@@ -38,23 +45,36 @@ def main(argv=None) -> int:
     which.add_argument("--model", help="HF model folder (tools/convert_to_hf.py --output)")
     which.add_argument("--checkpoint", help="Megatron run folder or iter_XXXXXXX folder (any arch, no conversion)")
     p.add_argument("--suite", action="append", default=[], choices=sorted(SUITES), help="task suite (repeatable)")
-    p.add_argument("--tasks", nargs="*", default=[], help="lm-eval task names")
-    p.add_argument("--include-path", action="append", default=[], help="folder of extra task YAMLs")
+    p.add_argument("--model_args", default=None, metavar="pretrained=DIR,...",
+                   help="lm-eval's form, with --model hf: pretrained= the HF folder (dtype= and max_length= are read "
+                        "too)")
+    p.add_argument("--tasks", nargs="*", default=[],
+                   help="lm-eval task names, space- or comma-separated (lm-eval's --tasks a,b)")
+    p.add_argument("--include-path", "--include_path", action="append", default=[], help="folder of extra task YAMLs")
     p.add_argument("--skip-missing", action="store_true", help="skip tasks lm-eval does not know")
-    p.add_argument("--batch-size", default="1")
+    p.add_argument("--batch-size", "--batch_size", default="1")
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.add_argument("--dtype", default="auto", help="auto (the model's / checkpoint's), float32, bfloat16")
-    p.add_argument("--limit", type=float, default=None, help="examples per task (debugging)")
-    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1; debugging)")
+    p.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None)
+    p.add_argument("--seed", default="1234", metavar="S[,S,S,S]",
+                   help="lm-eval's seeds (python, numpy, torch, few-shot): one integer for all four, or four "
+                        "comma-separated values, None for one left unset (lm-eval's form)")
     p.add_argument("--max-length", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--output", default=None, help="folder for results.json and results.md")
+    p.add_argument("--output_path", default=None, metavar="DIR",
+                   help="lm-eval's output layout in DIR: DIR/<model>/results_<time>.json (+ samples with --log_samples)")
+    p.add_argument("--log_samples", action="store_true",
+                   help="with --output_path: every request and response, samples_<task>_<time>.jsonl (lm-eval's)")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1, metavar="N",
                    help="--checkpoint at TP N, launched with torchrun --nproc-per-node N (default: one process)")
     p.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
                    help="--checkpoint: read it without checking its files against its manifest.json (as the "
                         "trainer's flag of that name)")
     args = p.parse_args(argv)
-    tasks = [t for s in args.suite for t in SUITES[s]] + list(args.tasks)
+    _lm_eval_forms(p, args)
+    tasks = [t for s in args.suite for t in SUITES[s]] + [t.strip() for x in args.tasks for t in x.split(",")
+                                                          if t.strip()]
     if not tasks:
         p.error("give --suite and/or --tasks")
     if args.model and (os.path.isfile(os.path.join(args.model, "latest_checkpointed_iteration.txt")) or
@@ -78,8 +98,9 @@ def main(argv=None) -> int:
                 f"(torchrun --nproc-per-node {args.tensor_model_parallel_size}); this launch has {world}")
     source = ("--model", args.model) if args.model else ("--checkpoint", args.checkpoint)
     try:
-        if not (args.checkpoint and args.output and _beside_checkpoints(args.output, args.checkpoint)):
-            check_output("--output", args.output, dict([source]))
+        for flag, out in (("--output", args.output), ("--output_path", args.output_path)):
+            if not (args.checkpoint and out and _beside_checkpoints(out, args.checkpoint)):
+                check_output(flag, out, dict([source]))
     except ValueError as e:
         p.error(str(e))
     from megatron_sat.analysis.evaluation import EvaluationError, evaluate, to_markdown, write_results
@@ -89,7 +110,8 @@ def main(argv=None) -> int:
                            include_paths=args.include_path,
                            batch_size=args.batch_size, device=args.device, dtype=args.dtype, limit=args.limit,
                            num_fewshot=args.num_fewshot, max_length=args.max_length, skip_missing=args.skip_missing,
-                           tensor_parallel=args.tensor_model_parallel_size, verify_checkpoint=args.verify_checkpoint)
+                           tensor_parallel=args.tensor_model_parallel_size, verify_checkpoint=args.verify_checkpoint,
+                           seed=args.seed, output_path=args.output_path, log_samples=args.log_samples)
     except EvaluationError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -100,6 +122,32 @@ def main(argv=None) -> int:
         write_results(summary, args.output)
         print(f"wrote {os.path.join(args.output, 'results.json')} and results.md")
     return 0
+
+
+def _lm_eval_forms(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """lm-eval's forms onto ours: --model hf --model_args pretrained=DIR, --seed S or S,S,S,S, --log_samples."""
+    if args.model_args is not None:
+        if args.model != "hf":
+            p.error("--model_args goes with --model hf (lm-eval's form); or pass the HF folder as --model DIR")
+        fields = dict(kv.split("=", 1) for kv in args.model_args.split(",") if "=" in kv)
+        if "pretrained" not in fields:
+            p.error("--model_args needs pretrained=DIR (the Hugging Face model folder)")
+        args.model = fields["pretrained"]
+        args.dtype = fields.get("dtype", args.dtype)
+        if fields.get("max_length"):
+            args.max_length = int(fields["max_length"])
+    elif args.model == "hf":
+        p.error("--model hf needs --model_args pretrained=DIR (lm-eval's form), or pass the folder as --model DIR")
+    parts = [x.strip() for x in str(args.seed).split(",")]
+    try:
+        seeds = [None if x == "None" else int(x) for x in parts]
+    except ValueError:
+        p.error(f"--seed {args.seed}: give an integer or four comma-separated integers (None for one left unset)")
+    if len(seeds) not in (1, 3, 4):
+        p.error(f"--seed {args.seed}: give one value or four (python, numpy, torch, few-shot)")
+    args.seed = seeds[0] if len(seeds) == 1 else tuple(seeds + [1234] * (4 - len(seeds)))  # lm-eval's 4th default
+    if args.log_samples and not args.output_path:
+        p.error("--log_samples needs --output_path DIR (lm-eval's layout, where the samples are written)")
 
 
 def _beside_checkpoints(output: str, run: str) -> bool:

@@ -40,7 +40,20 @@ Sharded (a Slurm job array, slurm/preprocess.sbatch; one dataset per input file,
           --train-tokenizer data/tokenizer --vocab-size 8192 \\
           --output-prefix data/default_text_document
 
-Every document gets the end-of-document token appended. Bad input (a missing, corrupt or empty
+Megatron-LM's command line works unchanged (its tools/preprocess_data.py flags), with the same .bin/.idx bytes
+as the native flags::
+
+    python tools/preprocess_data.py --input data.jsonl --output-prefix processed_data \
+        --tokenizer-type HuggingFaceTokenizer --tokenizer-model /path/to/tokenizer --workers 8 --append-eod
+    # writes processed_data_text_document.{bin,idx} (Megatron-LM's names: PREFIX_KEY_document per --json-keys
+    # key), the same bytes as --tokenizer /path/to/tokenizer --output-prefix processed_data_text_document
+
+With --tokenizer-type (Megatron-LM's command line) the end-of-document token is appended only with
+--append-eod, as in Megatron-LM; with the native flags every document gets it (--no-eod to leave it out).
+--partitions, --log-interval and --keep-sequential-samples are accepted and change nothing (one ordered
+pass, any --workers gives the same bytes); sentence splitting (--split-sentences) is not done here.
+
+Bad input (a missing, corrupt or empty
 input file, a missing column, a line that is not JSON or not UTF-8, an unloadable tokenizer, an
 unwritable output folder) exits 2 with a one-line message naming the file and line or row; the
 outputs are written aside and moved into place at the end, so nothing is left half-written.
@@ -113,7 +126,23 @@ def get_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-fast-bpe", action="store_true",
                    help="always tokenize with the tokenizers library (by default a byte-level BPE runs on tiktoken "
                         "where that is checked to give the tokenizer's own ids)")
+    m = p.add_argument_group("Megatron-LM's command line (tools/preprocess_data.py of Megatron-LM)").add_argument
+    m("--tokenizer-type", default=None, metavar="TYPE",
+      help="HuggingFaceTokenizer (with --tokenizer-model); selects Megatron-LM's output names and --append-eod")
+    m("--tokenizer-model", default=None, help="= --tokenizer (a tokenizer folder, tokenizer.json or hub name)")
+    m("--json-keys", nargs="+", default=None, metavar="KEY",
+      help="keys to tokenize, one dataset PREFIX_KEY_document per key (with --tokenizer-type)")
+    m("--append-eod", action="store_true", help="with --tokenizer-type: append the eod token (Megatron-LM)")
+    m("--vocab-file", default=None, help=argparse.SUPPRESS)
+    m("--merge-file", default=None, help=argparse.SUPPRESS)
+    m("--split-sentences", action="store_true", help="refused: sentence splitting is not done here")
+    m("--keep-newlines", action="store_true", help="accepted with no effect (it goes with --split-sentences)")
+    m("--lang", default="english", help="accepted with no effect (it goes with --split-sentences)")
+    m("--partitions", type=int, default=1, help="accepted with no effect: one ordered pass")
+    m("--log-interval", type=int, default=None, help="accepted with no effect: a progress bar reports")
+    m("--keep-sequential-samples", action="store_true", help="accepted with no effect: the order is always kept")
     args = p.parse_args(argv)
+    _megatron_lm_form(p, args)
     if not args.input and not args.default_corpus:
         p.error("give --input and/or --default-corpus")
     if (args.output_prefix is None) == (args.shard_dir is None):
@@ -130,6 +159,34 @@ def get_args(argv=None) -> argparse.Namespace:
     if args.workers < 1:
         p.error("--workers must be >= 1")
     return args
+
+
+def _megatron_lm_form(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Map Megatron-LM's flags onto the native ones: args.keys (the text fields) and args.prefixes (the output
+    prefix of each), args.append_eod."""
+    if args.tokenizer_model is not None:
+        if args.tokenizer is not None and args.tokenizer != args.tokenizer_model:
+            p.error("give --tokenizer or --tokenizer-model, not both")
+        args.tokenizer = args.tokenizer_model
+    megatron = args.tokenizer_type is not None
+    if megatron and args.tokenizer_type != "HuggingFaceTokenizer":
+        p.error(f"--tokenizer-type {args.tokenizer_type} is not read here: use --tokenizer-type HuggingFaceTokenizer "
+                "--tokenizer-model DIR (a Hugging Face tokenizer folder, tokenizer.json or hub name)")
+    if args.vocab_file or args.merge_file:
+        p.error("--vocab-file / --merge-file (GPT2BPETokenizer) are not read here: pass the tokenizer as a Hugging "
+                "Face folder or tokenizer.json with --tokenizer-type HuggingFaceTokenizer --tokenizer-model")
+    if args.split_sentences:
+        p.error("--split-sentences is not supported: documents are tokenized whole (drop the flag)")
+    if args.json_keys and not megatron and len(args.json_keys) > 1:
+        p.error("several --json-keys need --tokenizer-type (Megatron-LM's output names PREFIX_KEY_document)")
+    args.keys = list(args.json_keys or [args.json_key])
+    args.append_eod = args.append_eod if megatron else not args.no_eod
+    if megatron and args.no_eod:
+        p.error("with --tokenizer-type, leave out --append-eod instead of giving --no-eod")
+    if megatron and args.output_prefix is not None:  # Megatron-LM's names: PREFIX_KEY_document
+        args.prefixes = [f"{args.output_prefix}_{key}_document" for key in args.keys]
+    else:
+        args.prefixes = [args.output_prefix]
 
 
 def main(argv=None) -> int:
@@ -164,16 +221,16 @@ def _main(argv=None) -> PreprocessResult:
         try:
             expand_inputs(inputs)
             tokenizer = train_bpe_tokenizer(inputs, args.vocab_size, args.train_tokenizer,
-                                            json_key=args.json_key)
+                                            json_key=args.keys[0])
         except (OSError, ValueError) as e:
             raise SystemExit(f"preprocess_data: error: {e}") from None
         print(f"preprocess_data: trained byte-level BPE (vocab {tokenizer.vocab_size}) in "
               f"{time.time() - t0:.1f} s -> {args.train_tokenizer}", flush=True)
     kwargs = dict(
         workers=args.workers,
-        json_key=args.json_key,
+        json_key=args.keys[0],
         txt_mode=args.txt_mode,
-        append_eod=not args.no_eod,
+        append_eod=args.append_eod,
         add_bos=args.add_bos,
         chunksize=args.chunksize,
         progress=not args.quiet,
@@ -186,9 +243,12 @@ def _main(argv=None) -> PreprocessResult:
         from megatron_sat.data.shards import preprocess_shards
 
         return preprocess_shards(inputs, tokenizer, args.shard_dir, args.task_index, args.num_tasks, **kwargs)
-    result = preprocess(inputs, tokenizer, args.output_prefix, **kwargs)
-    if args.quiet:
-        print(result.summary(), flush=True)
+    if args.shard_dir and len(args.keys) > 1:
+        raise SystemExit("preprocess_data: error: --shard-dir takes one text key; run once per --json-keys key")
+    for key, prefix in zip(args.keys, args.prefixes):
+        result = preprocess(inputs, tokenizer, prefix, **dict(kwargs, json_key=key))
+        if args.quiet or len(args.keys) > 1:
+            print(result.summary(), flush=True)
     return result
 
 

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=1234)
     a("--mock-data", action="store_true", help="accepted for trainer-style command lines: the data is always random "
                                                 "tokens (input is not what is measured)")
-    a("--out", default="runs/profile", help="output folder")
+    a("--output", "--out", dest="out", default="runs/profile", help="output folder (--out: the older name)")
     return p
 
 

@@ -24,7 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="collect_grid", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUNS_DIR", help="folders searched for run folders (any depth)")
-    p.add_argument("--out", help="output folder: grid.csv, table.md, fits.json, *.png (not inside a RUNS_DIR)")
+    p.add_argument("--output", "--out", dest="out",
+                                   help="output folder: grid.csv, table.md, fits.json, *.png (not inside a RUNS_DIR); "
+                                        "--out: the older name")
     p.add_argument("--status", action="store_true",
                    help="print each run's status, step / total, ETA, last loss and Slurm job instead")
     p.add_argument("--sweep", help="only the runs of this sweep (tools/submit_grid.py --sweep)")

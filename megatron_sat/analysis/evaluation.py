@@ -21,7 +21,10 @@ directory), e.g. tests/data/eval/. A based_* task runs on a local copy of its da
 that includes the bundled one and sets `dataset_path: json` and `data_files`.
 
 Outputs (--output DIR): results.json (lm-eval's results, configs and versions, plus the table and
-suite averages) and results.md; the table is printed either way. Needs `pip install lm-eval[hf]==0.4.13`.
+suite averages) and results.md; the table is printed either way. --output_path P writes lm-eval's own
+layout instead or as well, by lm-eval's EvaluationTracker: P/<model name, sanitized>/results_<time>.json
+and, with --log_samples, samples_<task>_<time>.jsonl per task (as `lm_eval --output_path P --log_samples`).
+Needs `pip install lm-eval[hf]==0.4.13`.
 """
 
 import functools
@@ -127,14 +130,17 @@ def resolve_tasks(tasks: Sequence[str], include_paths: Sequence[str], skip_missi
 def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Optional[str] = None,
              include_paths: Sequence[str] = (), batch_size=1, device: str = "cpu", dtype: str = "auto",
              limit: Optional[float] = None, num_fewshot: Optional[int] = None, max_length: Optional[int] = None,
-             skip_missing: bool = False, seed: int = 1234, tensor_parallel: int = 1, verify_checkpoint: bool = True,
-             log=print) -> dict:
+             skip_missing: bool = False, seed=1234, tensor_parallel: int = 1, verify_checkpoint: bool = True,
+             output_path: Optional[str] = None, log_samples: bool = False, log=print) -> dict:
     """Run lm-eval on `model_dir` (its HF backend) or on a Megatron `checkpoint` (the megatron_sat backend,
     lm_eval_backend.py: any arch, no export; it runs on megatron_sat's device, the GPU when there is one);
     tensor_parallel: the checkpoint's model at that TP, under torchrun with as many processes (each runs every
     request; rank 0 reports); verify_checkpoint=False reads a checkpoint without checking it against its manifest.
+    seed: one int for lm-eval's four seeds (python, numpy, torch, few-shot) or four (None leaves one unset).
+    output_path: lm-eval's output layout there (EvaluationTracker), with per-task samples when log_samples.
     Returns {'results', 'table', 'averages', 'skipped', ...}, None on other ranks."""
     import lm_eval
+    from lm_eval.loggers import EvaluationTracker
 
     if (model_dir is None) == (checkpoint is None):
         raise EvaluationError("give a Hugging Face model folder or a Megatron checkpoint, not both")
@@ -160,13 +166,19 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
         model_args = dict(pretrained=source, trust_remote_code=True, dtype=dtype)
         if max_length:
             model_args["max_length"] = max_length
+    seeds = tuple(seed) if isinstance(seed, (list, tuple)) else (seed,) * 4
+    tracker = EvaluationTracker(output_path=output_path) if output_path else None
     out = lm_eval.simple_evaluate(
         model=model, model_args=model_args, tasks=specs, num_fewshot=num_fewshot, batch_size=batch_size,
-        device=device, limit=limit, task_manager=manager, log_samples=False, random_seed=seed,
-        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+        device=device, limit=limit, task_manager=manager, log_samples=log_samples, random_seed=seeds[0],
+        numpy_random_seed=seeds[1], torch_random_seed=seeds[2], fewshot_random_seed=seeds[3],
+        evaluation_tracker=tracker,
     )
     if out is None:  # lm-eval reports on global rank 0 only (a tensor-parallel launch)
         return None
+    samples = out.pop("samples", None)
+    if tracker is not None:
+        _save_lm_eval_layout(tracker, out, samples, source, log)
     results = dict(out["results"])
     table = results_table(results)
     summary = dict(model=source, tasks=list(tasks), skipped=skipped, table=table,
@@ -174,6 +186,22 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
                    versions=_jsonable(out.get("versions", {})), n_samples=_jsonable(out.get("n-samples", {})),
                    configs=_jsonable(out.get("configs", {})), config=_jsonable(out.get("config", {})))
     return summary
+
+
+def _save_lm_eval_layout(tracker, out: dict, samples: Optional[dict], source: str, log) -> None:
+    """lm-eval's files, written by its EvaluationTracker as its CLI does (results_<time>.json, samples_<task>_
+    <time>.jsonl) under the model's sanitized name (a Megatron checkpoint is named by its path, not by lm-eval's
+    random name for a model object)."""
+    from lm_eval.utils import sanitize_model_name
+
+    general = tracker.general_config_tracker
+    if general.model_source == "CUSTOM":
+        general.model_name, general.model_name_sanitized = source, sanitize_model_name(source)
+    tracker.save_results_aggregated(results=out, samples=samples)
+    for task in (out.get("configs") or {}) if samples is not None else ():
+        tracker.save_results_samples(task_name=task, samples=samples[task])
+    log(f"wrote lm-eval's results{' and samples' if samples is not None else ''} under "
+        f"{os.path.join(tracker.output_path, general.model_name_sanitized)}")
 
 
 def results_table(results: dict) -> List[dict]:

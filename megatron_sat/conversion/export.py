@@ -7,7 +7,9 @@ Steps: find the checkpoint (a run folder -> its latest complete iteration), read
 the trainer recorded in it, build the model at TP1/PP1 (dist-checkpointing reshards whatever layout
 it was saved at), rename and split the weights (mapping.py), and write the folder aside before
 moving it into place. Every folder carries its modeling code (trust_remote_code): the authors' classes
-for SATFormer, ResFormer and the three baselines, a Qwen3 subclass for the Transformer.
+for SATFormer, ResFormer and the three baselines, a Qwen3 subclass for the Transformer; a model card
+(README.md: model_card.py); megatron_sat_conversion.json, whose paths are relative to the export folder.
+Every file is readable as the umask allows (hf_io.write_hf_folder; safetensors alone would write 0600).
 """
 
 import json
@@ -18,6 +20,7 @@ import torch
 
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import ConversionError, ModelSpec, hf_config, megatron_to_hf
+from megatron_sat.conversion.model_card import model_card
 from megatron_sat.outputs import check_output
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,14 +84,19 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
     if tok is not None:
         ids = dict(bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     config = hf_config(spec, out_dtype, **ids)
+    common = _common(iter_dir)
+    out_abs = os.path.abspath(output)
     name = os.path.basename(iter_dir)
     info = dict(arch=spec.arch, iteration=int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else None,
-                source=iter_dir, saved_layout=_saved_layout(iter_dir), spec=spec.to_dict(),
-                tokenizer=getattr(tok, "name_or_path", None), dtype=str(out_dtype).replace("torch.", ""),
-                parameters=sum(t.numel() for t in weights.values()))
+                source=_relative(iter_dir, out_abs), saved_layout=common.get("layout"), spec=spec.to_dict(),
+                tokenizer=_relative(getattr(tok, "name_or_path", None), out_abs),
+                dtype=str(out_dtype).replace("torch.", ""), parameters=sum(t.numel() for t in weights.values()),
+                consumed_samples=common.get("consumed_train_samples"))
+    card = model_card(info, run_config, run_dir, common.get("consumed_train_samples"))
     path = hf_io.write_hf_folder(output, spec, config, weights, tokenizer=tok, overwrite=overwrite,
                                  max_shard_bytes=max_shard_bytes,
-                                 extra_files={"megatron_sat_conversion.json": json.dumps(info, indent=1, default=str)})
+                                 extra_files={"megatron_sat_conversion.json": json.dumps(info, indent=1, default=str),
+                                              "README.md": card})
     info["output"] = path
     log(f"wrote {path}: {spec.arch} as {config['architectures'][0]}, {info['parameters']:,} parameters, "
         f"{info['dtype']}{'' if tok is not None else ', no tokenizer recorded'}")
@@ -101,10 +109,19 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
     return info
 
 
-def _saved_layout(iter_dir: str) -> Optional[dict]:
+def _common(iter_dir: str) -> dict:
+    """The checkpoint's common state (layout, iteration, consumed samples, ...)."""
     from megatron.core import dist_checkpointing
 
-    return dist_checkpointing.load_common_state_dict(iter_dir).get("layout")
+    return dist_checkpointing.load_common_state_dict(iter_dir)
+
+
+def _relative(path: Optional[str], output: str) -> Optional[str]:
+    """A local path as seen from the export folder (the record stays true when both move together); a hub name
+    or None unchanged."""
+    if not path or not os.path.exists(path):
+        return path
+    return os.path.relpath(os.path.abspath(path), output)
 
 
 def verify_export(model, hf_dir: str, spec: ModelSpec, seq: int = 16, batch: int = 2) -> float:

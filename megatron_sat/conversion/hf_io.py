@@ -112,6 +112,20 @@ def write_remote_code(spec: ModelSpec, folder: Path) -> None:
     (folder / f"modeling_{spec.arch}.py").write_text(model_src)
 
 
+def readable_per_umask(folder: Path) -> None:
+    """Give every file and folder under `folder` the mode a plain open()/mkdir() gets under the process umask
+    (0644 / 0755 under umask 022): safetensors (0.8) writes its files 0600, unreadable by the group and others
+    of a shared cluster."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~umask)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o666 & ~umask)
+
+
 def write_hf_folder(output: str, spec: ModelSpec, config: dict, weights: Dict[str, torch.Tensor],
                     tokenizer=None, extra_files: Optional[Dict[str, str]] = None, overwrite: bool = False,
                     max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> str:
@@ -136,6 +150,7 @@ def write_hf_folder(output: str, spec: ModelSpec, config: dict, weights: Dict[st
             tokenizer.save_pretrained(str(tmp))
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        readable_per_umask(tmp)
         old = None
         if out.exists():
             old = out.parent / f"{out.name}.old-{os.getpid()}"

@@ -1,19 +1,24 @@
 """Command-line arguments of the trainer (Megatron-LM's flag names where the concept exists).
 
-Parsing is two-pass: `--recipe NAME` is read first and its values (recipes/) become the parser's
-defaults, so any flag on the command line overrides the recipe. `validate_args` checks everything
-that can be checked without importing megatron or touching the disk for writing, so bad input
-fails in about a second with a clear message and leaves no checkpoint behind.
+Parsing is in layers: `--recipe NAME` (recipes/, or `module:function` outside the repository) and
+`--config FILE` (config_file.py) are read first and become the parser's defaults, the config file's over
+the recipe's, so that any flag on the command line overrides both: recipe < config file < command line.
+Without a recipe or a config file that gives them, the model shape and the length of training are
+required flags, as in Megatron-LM. `validate_args` checks everything that can be checked without
+importing megatron or touching the disk for writing, so bad input fails in about a second with a clear
+message and leaves no checkpoint behind.
 """
 
 import argparse
 import importlib.util
 import os
+import sys
 from typing import List, Optional, Sequence
 
 from megatron_sat import archs
 from megatron_sat.archs import ARCHS, GATES
 from megatron_sat.outputs import check_output
+from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
 from megatron_sat.training.run_folder import holds_run  # no megatron
 
 
@@ -31,16 +36,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="megatron-sat-train",
         description="Pretrain a Transformer / ResFormer / SATFormer (or the DenseFormer, MUDDFormer and "
-                    "Hyper-Connections baselines) on Megatron-Core.",
+                    "Hyper-Connections baselines) on Megatron-Core. Precedence: recipe < config file < command "
+                    "line (each flag given overrides --config FILE, whose values override --recipe's). Without "
+                    "--recipe or --config, give the model shape and the length of training: --num-layers, "
+                    "--hidden-size, --num-attention-heads and --train-iters or --train-samples.",
         formatter_class=_HelpFormatter,
     )
     a = p.add_argument
-    g = p.add_argument_group("recipe and model").add_argument
-    g("--recipe", default=None, help="start from a named recipe (recipes/); flags override it")
+    g = p.add_argument_group("recipe, config file and model").add_argument
+    g("--recipe", default=None,
+      help="start from a recipe: a name in recipes/, or module:function (also path/to/file.py:function) of your own "
+           "that returns {argument: value}; --config and flags override it")
+    g("--config", default=None, metavar="FILE",
+      help="YAML or JSON file of arguments under their flag names (a run's RUN/config.json works too and "
+           "reproduces that run); overrides --recipe, flags override it")
+    g("--print-config", action="store_true",
+      help="print the resolved arguments as a config file (YAML) and exit 0; nothing is checked on disk")
     g("--arch", default="satformer", help=f"one of {', '.join(ARCHS)}")
-    g("--num-layers", type=int, default=4)
-    g("--hidden-size", type=int, default=64)
-    g("--num-attention-heads", type=int, default=4)
+    required = "required unless --recipe or --config gives it (no default)"
+    g("--num-layers", type=int, default=4, help=required)
+    g("--hidden-size", type=int, default=64, help=required)
+    g("--num-attention-heads", type=int, default=4, help=required)
     g("--num-query-groups", type=int, default=None, help="KV heads (default: = attention heads)")
     g("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
     g("--value-residual-gate", default="relu", help=f"SATFormer gate, one of {', '.join(GATES)}")
@@ -62,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="attention-output and MLP-down projections: scaled = N(0, std / sqrt(2L)) (Megatron), unscaled = "
            "N(0, std) (the SATFormer authors; the paper recipes)")
     g("--recompute-granularity", default=None, choices=["full", "selective"])
+    g("--recompute-method", default=None, choices=["uniform", "block"],
+      help="with --recompute-granularity full (Megatron-LM's meaning): uniform = checkpoint every "
+           "--recompute-num-layers layers as one chunk, block = only the first --recompute-num-layers layers of "
+           "each pipeline stage; default: uniform")
     g("--recompute-num-layers", type=int, default=1)
     g = p.add_argument_group("parallelism").add_argument
     g("--tensor-model-parallel-size", type=int, default=1)
@@ -82,10 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     g("--micro-batch-size", type=int, default=2)
     g("--global-batch-size", type=int, default=8)
     g("--seq-length", type=int, default=32)
-    g("--train-iters", type=int, default=20)
+    g("--train-iters", type=int, default=20,
+      help="steps to train; it or --train-samples is required unless --recipe or --config gives it (no default)")
+    g("--train-samples", type=int, default=None, metavar="N",
+      help="instead of --train-iters (Megatron-LM): N sequences, i.e. floor(N / global batch) steps")
     g("--lr", type=float, default=1e-3)
     g("--min-lr", type=float, default=0.0)
     g("--lr-warmup-iters", type=int, default=0)
+    g("--lr-warmup-fraction", type=float, default=None, metavar="F",
+      help="instead of --lr-warmup-iters (Megatron-LM): warm up over F x the decay length (--lr-decay-iters)")
     g("--lr-decay-style", default="cosine", choices=["cosine", "linear", "constant"])
     g("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
     g("--override-opt_param-scheduler", "--override-opt-param-scheduler", dest="override_opt_param_scheduler",
@@ -113,7 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     g("--train-data-path", nargs="*", default=None, help="training data: a prefix or a blend 'w1 p1 w2 p2'")
     g("--valid-data-path", nargs="*", default=None, help="validation data (default: none, no validation)")
     g("--test-data-path", nargs="*", default=None, help="test data")
-    g("--tokenizer-model", default=None, help="HF tokenizer folder / tokenizer.json / hub name")
+    g("--data-args-path", default=None, metavar="FILE",
+      help="instead of --data-path (Megatron-LM): a file holding the --data-path value (prefixes or a blend "
+           "'w1 p1 w2 p2', whitespace-separated), for blends too long for a command line")
+    g("--tokenizer-type", default=None, metavar="TYPE",
+      help="Megatron-LM's tokenizer type: HuggingFaceTokenizer (the only kind read here, with --tokenizer-model), "
+           "or NullTokenizer with --mock-data; default: HuggingFaceTokenizer")
+    g("--tokenizer-model", default=None,
+      help="HF tokenizer folder / tokenizer.json / hub name (Megatron-LM's meaning with HuggingFaceTokenizer)")
     g("--mock-data", action=argparse.BooleanOptionalAction, default=False,
       help="synthetic tokens (throughput runs); needs --vocab-size. --data-path or --embedded-data on the command "
            "line replaces a recipe's mock data")
@@ -151,6 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
            "the ranks that stopped and where, prints its Python stacks and exits 75, which slurm/launch.sh "
            "requeues (default: --distributed-timeout-minutes, else 10; 0: off). Must exceed the longest step, "
            "evaluation pass and save")
+    g("--finetune", action="store_true",
+      help="(Megatron-LM) load only the model weights of --load's checkpoint and start at iteration 0 with a new "
+           "optimizer, LR schedule, RNG and data order; --save must be another folder")
+    g("--no-load-optim", action="store_true",
+      help="(Megatron-LM) resume --load without its optimizer state and LR schedule (both start afresh at the "
+           "loaded iteration); weights, iteration, consumed samples and RNG are loaded")
+    g("--no-load-rng", action="store_true", help="(Megatron-LM) resume --load without its RNG states")
+    g("--ckpt-format", default="torch_dist", metavar="FORMAT",
+      help="checkpoint format: torch_dist (Megatron-Core dist checkpointing) is the only one written and read here")
+    g("--exit-signal-handler", action="store_true",
+      help="accepted for Megatron-LM command lines; a no-op: SIGTERM / SIGUSR1 always save a checkpoint and exit 0")
     g("--exit-interval", type=int, default=None, help="save and exit at the first iteration that is a multiple of N")
     g("--exit-duration-in-mins", type=float, default=None, help="save and exit after this wall time")
     g("--eval-interval", type=int, default=None)
@@ -186,19 +229,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentParser] = None) -> dict:
+    """{dest: value} of `recipe` ({} for none); ValueError for an unknown recipe or one that sets arguments the
+    trainer does not have."""
+    import recipes  # the repository's recipes/ package (installed with this one)
+
+    if not recipe:
+        return {}
+    defaults = recipes.get(recipe)
+    unknown = [k for k in defaults if k not in _dests(parser or build_parser())]
+    if unknown:
+        raise ValueError(f"recipe {recipe!r} sets unknown arguments {unknown}")
+    return defaults
+
+
 def recipe_parser(recipe: Optional[str]) -> argparse.ArgumentParser:
     """The trainer's parser with `recipe`'s values as its defaults (ValueError for an unknown recipe or one that
     sets arguments the trainer does not have). The one way a recipe becomes arguments: the trainer, the
     planner and tools/submit_grid.py all resolve recipes here."""
-    import recipes  # the repository's recipes/ package (installed with this one)
-
     parser = build_parser()
-    if recipe:
-        defaults = recipes.get(recipe)
-        unknown = [k for k in defaults if k not in _dests(parser)]
-        if unknown:
-            raise ValueError(f"recipe {recipe!r} sets unknown arguments {unknown}")
-        parser.set_defaults(**defaults)
+    parser.set_defaults(**recipe_defaults(recipe, parser))
     return parser
 
 
@@ -209,37 +259,122 @@ def recipe_args(recipe: str, overrides: Sequence[str] = ()) -> argparse.Namespac
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    pre, _ = build_parser().parse_known_args(argv)
-    try:
-        parser = recipe_parser(pre.recipe)
-    except ValueError as e:
-        build_parser().error(str(e))
-    args = parser.parse_args(argv)
-    if pre.recipe:
-        _replace_recipe_data_source(args, argv)
-    if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
-        args.save = os.path.join("runs", args.recipe or "run")
-    try:
-        validate_args(args, int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))))
-    except ValueError as e:
-        parser.error(str(e))
+    """The trainer's arguments: recipe < config file < command line, resolved (resolve_args), then printed and
+    exit 0 (--print-config) or validated (exit 2 with what to fix)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, parser, errors = resolve_args(argv)
+    if args.print_config and not errors:
+        sys.stdout.write(dump_config(args, parser))
+        sys.stdout.flush()
+        sys.exit(0)
+    if not args.print_config:  # every problem at once: the layers' and the values'
+        errors += argument_errors(args, int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))))
+    if errors:
+        parser.error("invalid arguments:\n  " + "\n  ".join(errors))
     return args
 
 
-DATA_SOURCES = ("data_path", "embedded_data", "mock_data", "train_data_path")
+# the model shape: required flags unless a recipe or a config file gives them (Megatron-LM requires them)
+REQUIRED_SHAPE = ("num_layers", "hidden_size", "num_attention_heads")
 
 
-def _replace_recipe_data_source(args: argparse.Namespace, argv: Optional[List[str]]) -> None:
-    """A data source given on the command line replaces the recipe's (and the recipe's mock vocabulary size,
-    which belongs to its mock data), like any other recipe default."""
-    given = build_parser().parse_known_args(argv)[0]
-    explicit = {k for k in DATA_SOURCES if getattr(given, k)}
-    if not explicit:
-        return
-    for k in set(DATA_SOURCES) - explicit:
-        setattr(args, k, False if k == "mock_data" else None)
-    if "mock_data" not in explicit and given.vocab_size is None:
-        args.vocab_size = None
+def resolve_args(argv: List[str]):
+    """(arguments, parser, errors): the recipe's values, the config file's over them, the command line's over
+    both; then what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
+    --data-args-path), with the problems found there. An unreadable config file or recipe exits 2 at once."""
+    base = build_parser()
+    given = explicit_dests(base, argv)  # the flags on the command line
+    config = {}
+    if given.get("config"):
+        try:
+            config = read_config(given["config"], base)
+        except ValueError as e:
+            base.error(str(e))
+    recipe = given.get("recipe") or config.get("recipe")
+    parser = build_parser()
+    try:
+        from_recipe = recipe_defaults(recipe, parser)
+    except ValueError as e:
+        base.error(str(e))
+    parser.set_defaults(**from_recipe)
+    parser.set_defaults(**config)
+    if recipe:
+        parser.set_defaults(recipe=recipe)
+    args = parser.parse_args(argv)
+    # where each value came from: 1 recipe, 2 config file, 3 command line (0: the built-in default)
+    level = {k: 1 for k, v in from_recipe.items() if v is not None}
+    level.update({k: 2 for k, v in config.items() if v is not None})
+    level.update({k: 3 for k in given})
+    errors = _resolve_layers(args, level)
+    if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
+        args.save = os.path.join("runs", _folder_name(args.recipe) if args.recipe else "run")
+    return args, parser, errors
+
+
+def _folder_name(recipe: str) -> str:
+    """runs/NAME for a recipe: its name, or the function of a module:function recipe."""
+    return recipe.rpartition(":")[2] if ":" in recipe else recipe
+
+
+DATA_SOURCES = ("data_path", "embedded_data", "mock_data", "train_data_path", "data_args_path")
+
+
+def _resolve_layers(args: argparse.Namespace, level: dict) -> List[str]:
+    """Apply what depends on the layer a value came from; returns the errors."""
+    errors = []
+    missing = [f"--{k.replace('_', '-')}" for k in REQUIRED_SHAPE if not level.get(k)]
+    if not level.get("train_iters") and not level.get("train_samples"):
+        missing.append("--train-iters (or --train-samples)")
+    if missing:
+        errors.append(f"the model shape and training length are required without a --recipe or --config that "
+                      f"gives them: missing {', '.join(missing)}")
+    # a data source from a higher layer replaces the lower layers' (and the mock vocabulary size that belongs to
+    # a recipe's mock data), like any other recipe default
+    sources = [k for k in DATA_SOURCES if getattr(args, k)]
+    if sources:
+        top = max(level.get(k, 0) for k in sources)
+        winners = {k for k in sources if level.get(k, 0) == top}
+        for k in set(sources) - winners:
+            setattr(args, k, False if k == "mock_data" else None)
+        if "mock_data" not in winners and level.get("vocab_size", 0) < top:
+            args.vocab_size = None
+    if args.data_args_path:
+        errors += _read_data_args(args)
+    # Megatron-LM's pairs: iteration- or sample-based length, warmup in iterations or as a fraction. Given at
+    # the same layer both are refused, as Megatron-LM does; otherwise the higher layer's wins.
+    if args.train_samples is not None:
+        if level.get("train_iters", 0) == level.get("train_samples", 0):
+            errors.append("give --train-iters or --train-samples, not both")
+        elif level.get("train_iters", 0) > level.get("train_samples", 0):
+            args.train_samples = None
+        elif args.train_samples < args.global_batch_size:
+            errors.append(f"--train-samples {args.train_samples} is less than one global batch "
+                          f"({args.global_batch_size}): give at least {args.global_batch_size}")
+        else:
+            args.train_iters = args.train_samples // args.global_batch_size
+    if args.lr_warmup_fraction is not None:
+        if args.lr_warmup_iters and level.get("lr_warmup_iters", 0) == level.get("lr_warmup_fraction", 0):
+            errors.append("give --lr-warmup-iters or --lr-warmup-fraction, not both")
+        elif level.get("lr_warmup_iters", 0) > level.get("lr_warmup_fraction", 0):
+            args.lr_warmup_fraction = None
+        else:
+            args.lr_warmup_iters = 0
+    return errors
+
+
+def _read_data_args(args: argparse.Namespace) -> List[str]:
+    """--data-args-path FILE: FILE's whitespace-separated words become --data-path (Megatron-LM reads it so)."""
+    if args.data_path:
+        return ["give --data-path or --data-args-path, not both"]
+    try:
+        with open(args.data_args_path) as f:
+            args.data_path = f.read().split()
+    except (OSError, UnicodeDecodeError) as e:
+        return [f"--data-args-path {args.data_args_path}: cannot read it ({getattr(e, 'strerror', None) or e})"]
+    if not args.data_path:
+        return [f"--data-args-path {args.data_args_path} is empty: write the --data-path value (a prefix or a "
+                "blend 'w1 p1 w2 p2') in it"]
+    return []
 
 
 def _dests(parser) -> set:
@@ -248,6 +383,13 @@ def _dests(parser) -> set:
 
 def validate_args(args: argparse.Namespace, world_size: int) -> None:
     """Raise ValueError listing every problem found (megatron is not imported)."""
+    errors = argument_errors(args, world_size)
+    if errors:
+        raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+
+
+def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
+    """Every problem of the resolved arguments, one line each (megatron is not imported)."""
     errors = arch_errors(args)
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
@@ -279,6 +421,10 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
     if not 0 <= args.lr_warmup_iters < decay:
         errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "
                       "(--lr-decay-iters, default --train-iters)")
+    if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction < 1:
+        errors.append(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1) (a fraction of the decay "
+                      "length)")
+    errors += megatron_lm_errors(args)
     sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data), bool(args.train_data_path)]
     if sum(sources) != 1:
         errors.append("give exactly one data source: --data-path PREFIX, --train-data-path PREFIX (with "
@@ -312,8 +458,43 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
                       "(in the train extra of megatron-sat)")
     if args.tensorboard_dir and os.path.exists(args.tensorboard_dir) and not os.path.isdir(args.tensorboard_dir):
         errors.append(f"--tensorboard-dir {args.tensorboard_dir} is a file: give a folder (new, or this run's)")
-    if errors:
-        raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+    return errors
+
+
+# the tokenizer types of Megatron-LM's --tokenizer-type that mean something here
+TOKENIZER_TYPES = ("HuggingFaceTokenizer", "NullTokenizer")
+
+
+def megatron_lm_errors(args: argparse.Namespace) -> List[str]:
+    """What the Megatron-LM flags refuse here: tokenizer types and checkpoint formats this trainer does not read,
+    --finetune without a checkpoint to read or onto its own folder, --recompute-method without full recompute."""
+    errors = []
+    kind = args.tokenizer_type
+    if kind is not None and kind not in TOKENIZER_TYPES:
+        errors.append(f"--tokenizer-type {kind} is not read here: use --tokenizer-type HuggingFaceTokenizer "
+                      "--tokenizer-model DIR (a Hugging Face tokenizer folder, tokenizer.json or hub name)")
+    elif kind == "NullTokenizer" and not args.mock_data:
+        errors.append("--tokenizer-type NullTokenizer goes with --mock-data --vocab-size N; for a dataset use "
+                      "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
+    elif kind == "HuggingFaceTokenizer" and not args.tokenizer_model:
+        errors.append("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a tokenizer folder, "
+                      "tokenizer.json or hub name)")
+    if args.ckpt_format != "torch_dist":
+        errors.append(f"--ckpt-format {args.ckpt_format} is not supported: checkpoints here are torch_dist "
+                      "(Megatron-Core dist checkpointing); drop the flag or pass --ckpt-format torch_dist")
+    if args.finetune:
+        if not args.load:
+            errors.append("--finetune needs --load (the checkpoint whose weights to start from)")
+        elif args.save and same_path(args.load, args.save):
+            errors.append(f"--finetune --load {args.load} would write over the run it reads: pass a new --save "
+                          "folder (or --pretrained-checkpoint DIR --load NEW --save NEW, which a requeued job resumes)")
+        if args.pretrained_checkpoint:
+            errors.append("give --finetune --load DIR or --pretrained-checkpoint DIR, not both")
+    if args.recompute_method is not None and args.recompute_granularity != "full":
+        errors.append("--recompute-method needs --recompute-granularity full (selective recompute has no method)")
+    if args.train_samples is not None and args.train_samples < 1:
+        errors.append("--train-samples must be >= 1")
+    return errors
 
 
 def save_folder_errors(args: argparse.Namespace) -> List[str]:

@@ -123,9 +123,11 @@ def _rng_sharded(data) -> ShardedObject:
 
 
 def _state_dict(chunks, optimizer, loading: bool, common: dict, with_rng: bool) -> dict:
+    """optimizer None: the model (and RNG) only (--no-load-optim)."""
     model_sd = model_sharded_state_dict(chunks)
     sd = dict(model_sd)
-    sd["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=OPTIMIZER_METADATA)
+    if optimizer is not None:
+        sd["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=OPTIMIZER_METADATA)
     if with_rng:
         sd["rng_state"] = _rng_sharded(None if loading else _rng_state())
     sd.update(common)
@@ -342,29 +344,33 @@ def find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: boo
             iteration = older
 
 
-def restore(point: ResumePoint, chunks, optimizer, scheduler, align: Optional[Callable[[dict], None]] = None) -> dict:
+def restore(point: ResumePoint, chunks, optimizer, scheduler, align: Optional[Callable[[dict], None]] = None, *,
+            load_optim: bool = True, load_rng: bool = True) -> dict:
     """Load everything from a resume point; returns its common state plus 'rng_restored' and 'directory'.
 
     RNG states are restored only when TP and PP match the saved layout (they are per rank). align(loaded optimizer
-    state) runs before the optimizer loads it (schedule.align_param_groups: a changed LR schedule)."""
+    state) runs before the optimizer loads it (schedule.align_param_groups: a changed LR schedule). As Megatron-LM's
+    --no-load-optim / --no-load-rng: load_optim False leaves the optimizer and the LR scheduler as built (the
+    caller refreshes the optimizer's main parameters), load_rng False the RNG states."""
     saved, now = point.common["layout"], layout_key()
-    same_ranks = saved["tp"] == now["tp"] and saved["pp"] == now["pp"]
+    same_ranks = load_rng and saved["tp"] == now["tp"] and saved["pp"] == now["pp"]
     try:
-        loaded = dist_checkpointing.load(_state_dict(chunks, optimizer, True, {}, with_rng=same_ranks),
-                                         point.directory)
+        loaded = dist_checkpointing.load(_state_dict(chunks, optimizer if load_optim else None, True, {},
+                                                     with_rng=same_ranks), point.directory)
     except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load {point.directory}: {_reason(e)}") from None
     _load_model_state(chunks, loaded)
-    if align is not None:
-        align(loaded["optimizer"])
-    try:
-        optimizer.load_state_dict(loaded["optimizer"])
-    except (KeyError, ValueError) as e:  # megatron-core's "Could not find parameter group with key ..."
-        first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
-        raise CheckpointError(f"the optimizer state in {point.directory} does not fit this run's optimizer "
-                              f"({type(e).__name__}: {first}): start from its weights with --pretrained-checkpoint "
-                              f"{os.path.dirname(point.directory)} and a new --save") from None
-    scheduler.load_state_dict(point.common["opt_param_scheduler"])
+    if load_optim:
+        if align is not None:
+            align(loaded["optimizer"])
+        try:
+            optimizer.load_state_dict(loaded["optimizer"])
+        except (KeyError, ValueError) as e:  # megatron-core's "Could not find parameter group with key ..."
+            first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+            raise CheckpointError(f"the optimizer state in {point.directory} does not fit this run's optimizer "
+                                  f"({type(e).__name__}: {first}): start from its weights with --pretrained-checkpoint "
+                                  f"{os.path.dirname(point.directory)} and a new --save") from None
+        scheduler.load_state_dict(point.common["opt_param_scheduler"])
     if same_ranks:
         _set_rng_state(loaded["rng_state"])
     torch.distributed.barrier()

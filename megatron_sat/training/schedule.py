@@ -38,9 +38,12 @@ class ScheduleChanged(ValueError):
 
 def wanted(args) -> dict:
     """The scheduler values the command asks for (as the trainer builds its OptimizerParamScheduler)."""
-    return dict(max_lr=float(args.lr), min_lr=float(args.min_lr), lr_warmup_steps=args.lr_warmup_iters,
-                lr_decay_steps=args.lr_decay_iters or args.train_iters, lr_decay_style=args.lr_decay_style,
-                start_wd=float(args.weight_decay))
+    decay = args.lr_decay_iters or args.train_iters
+    # --lr-warmup-fraction: Megatron-LM's fraction x decay steps (it may fall between two iterations)
+    fraction = getattr(args, "lr_warmup_fraction", None)
+    warmup = args.lr_warmup_iters if fraction is None else fraction * decay
+    return dict(max_lr=float(args.lr), min_lr=float(args.min_lr), lr_warmup_steps=warmup, lr_decay_steps=decay,
+                lr_decay_style=args.lr_decay_style, start_wd=float(args.weight_decay))
 
 
 def _same(a, b) -> bool:

@@ -163,7 +163,7 @@ def configure(args, log) -> Setup:
     num_micro = args.global_batch_size // (args.micro_batch_size * dp) if dp else None  # None: validate says why
     recompute = {}
     if args.recompute_granularity == "full":
-        recompute = dict(recompute_granularity="full", recompute_method="uniform",
+        recompute = dict(recompute_granularity="full", recompute_method=args.recompute_method or "uniform",
                          recompute_num_layers=args.recompute_num_layers)
     elif args.recompute_granularity == "selective":
         recompute = dict(recompute_granularity="selective")
@@ -204,6 +204,12 @@ def check_inputs(args, setup: Setup, log):
         return point
 
     try:
+        if args.finetune:  # Megatron-LM's --finetune: --load's weights only, from iteration 0
+            pretrained = find(args.load, args.ckpt_step)
+            if pretrained is None:
+                raise UsageError(f"--finetune --load {args.load} holds no complete checkpoint")
+            tokenizer, data = tokenizer_and_data(args, log)
+            return None, check(pretrained, "--finetune --load"), tokenizer, data
         resume = check(find(args.load, args.ckpt_step), "--load") if args.load else None
         pretrained = None
         if resume is None and args.pretrained_checkpoint:
@@ -273,7 +279,8 @@ class Loop:
                           tokenizer_vocab_size=tokenizer.vocab_size, bf16=setup.bf16,
                           use_distributed_optimizer=setup.dist_opt, num_parameters=num_params,
                           flops_per_token=self.flops_tok, device=str(compat.device()), data=data,
-                          tokenizer=str(getattr(tokenizer, "name", tokenizer)), model=setup.model_fields)
+                          tokenizer=str(getattr(tokenizer, "name", tokenizer)), model=setup.model_fields,
+                          arguments=run_arguments(args))
         self.monitor = Monitor(args, run_config, self.iteration, resumed=resume is not None, is_logger=rank == 0)
         log(f"megatron-sat: {args.arch}, {num_params:,} parameters, {layout.describe(setup.world)}, "
             f"{setup.num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "
@@ -294,19 +301,25 @@ class Loop:
             from megatron_sat.training.schedule import align_param_groups
 
             loaded = ckpt.restore(resume, self.chunks, self.optimizer, self.scheduler,
-                                  align=lambda state: align_param_groups(state, self.optimizer, self.schedule_mode))
+                                  align=lambda state: align_param_groups(state, self.optimizer, self.schedule_mode),
+                                  load_optim=not args.no_load_optim, load_rng=not args.no_load_rng)
+            if args.no_load_optim:  # the optimizer's main (fp32) copies were made from the init
+                self.optimizer.reload_model_params()
             saved = loaded["layout"]
             unverified = "; files not verified: no manifest" if args.verify_checkpoint and not resume.verified else ""
+            rng = "" if loaded["rng_restored"] else (
+                "; RNG state not loaded (--no-load-rng)" if args.no_load_rng else "; RNG state not restored: layout changed")
             log(f"resumed from {loaded['directory']} (iteration {loaded['iteration']}, saved at TP{saved['tp']} x "
-                f"PP{saved['pp']}{'' if loaded['rng_restored'] else '; RNG state not restored: layout changed'}"
-                f"{unverified})")
+                f"PP{saved['pp']}{rng}{unverified}"
+                f"{'; optimizer and LR schedule not loaded (--no-load-optim)' if args.no_load_optim else ''})")
             return loaded["iteration"], loaded["consumed_train_samples"]
-        if args.load:
+        if args.load and not args.finetune:
             log(f"no checkpoint in {args.load}: starting {'anew' if pretrained else 'from scratch'}")
         if pretrained is not None:
             directory = ckpt.load_weights(pretrained, self.chunks)
             self.optimizer.reload_model_params()  # the optimizer's main (fp32) copies were made from the init
-            log(f"initialised from the weights of {directory}: new optimizer state, LR schedule and data order")
+            log(f"initialised from the weights of {directory}{' (--finetune)' if args.finetune else ''}: new "
+                "optimizer state, LR schedule, RNG and data order")
         return 0, 0
 
     # ------------------------------------------------------------------------------------------
@@ -463,6 +476,14 @@ class Loop:
             return total * float("nan"), count, {"lm loss": report["lm loss"] * float("nan")}
 
         return output, nan_loss
+
+
+def run_arguments(args) -> dict:
+    """The run's resolved arguments as a config file holds them (config.json's "arguments": --config reads it)."""
+    from megatron_sat.training.arguments import build_parser
+    from megatron_sat.training.config_file import config_dict
+
+    return config_dict(args, build_parser())
 
 
 def _describe_checkpoint(save) -> str:
