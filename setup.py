@@ -45,6 +45,6 @@ setup(
         "megatron-sat-collect-grid = megatron_sat.analysis.collect:main",
         *(f"megatron-sat-{name.replace('_', '-')} = megatron_sat_tools.{name}:main" for name in (
             "convert_to_hf", "convert_from_hf", "preprocess_data", "evaluate", "analyze_gates", "plan_layout",
-            "submit_grid", "merge_datasets")),
+            "submit_grid", "merge_datasets", "dry_run")),
     ]},
 )

@@ -96,18 +96,19 @@ class DryRunReport:
     roles: List[RoleReport] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     failure: Optional[str] = None
+    usage_error: bool = False  # the failure is the trainer's refusal of the layout (its own message)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.failure is None
 
-    def format(self) -> str:
+    def format(self, roles: bool = True) -> str:
         lines = [f"dry run {self.recipe}: {self.layout} = {self.world} ranks (fake process group, meta device), "
                  f"{len(self.roles)} rank role(s); tolerances {100 * self.tolerance:g}% on buffer and optimizer bytes, "
                  f"{100 * self.activation_tolerance:g}% on saved activations"]
         lines += [f"  note: {n}" for n in self.notes]
-        lines += [r.format() for r in self.roles]
+        lines += [r.format() for r in self.roles] if roles else []
         lines.append(f"  status OK ({self.seconds:.1f} s)" if self.ok else f"  status FAILED: {self.failure}")
         return "\n".join(lines)
 
@@ -218,7 +219,12 @@ def _grad_bytes(chunks) -> int:
     return total
 
 
-def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size: int, num_micro: int) -> RoleReport:
+def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size: int, num_micro: int,
+              fake: bool = True) -> RoleReport:
+    """Play `rank` (fake: on the fake world and the meta device; otherwise this process's own rank of a real world,
+    on real tensors: how tests/test_dry_run.py checks the dry run against a real run) and measure what it built."""
+    import contextlib
+
     from megatron.core import parallel_state
 
     from megatron_sat.parallel.layout import initialize
@@ -226,19 +232,21 @@ def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size
     from megatron_sat.training.step import gpt_forward_step, run_forward_backward, setup_model_and_optimizer
 
     t0 = time.time()
-    _init_fake_world(world, rank)
+    if fake:
+        _init_fake_world(world, rank)
     layout, config = setup.layout, setup.config
     initialize(layout, seed=args.seed)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     vpp = layout.vpp or 1
     layers = _chunk_layers(config.num_layers, layout.pp * vpp)
-    report = RoleReport(rank=rank, pp_rank=pp_rank, tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+    report = RoleReport(rank=torch.distributed.get_rank(), pp_rank=pp_rank,
+                        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                         dp_rank=parallel_state.get_data_parallel_rank(),
                         chunks=[f"chunk {v}: layers {layers[v * layout.pp + pp_rank][0]}-"
                                 f"{layers[v * layout.pp + pp_rank][-1]}" for v in range(vpp)])
     report.planned = dict(local_stages[pp_rank], peak=plan.stages[pp_rank]["gib"]["total"])
     report.peak_gib = plan.stages[pp_rank]["gib"]["total"]
-    with compat.meta_device():
+    with compat.meta_device() if fake else contextlib.nullcontext():
         chunks, _, optimizer = setup_model_and_optimizer(
             config, vocab_size=vocab_size, max_sequence_length=args.seq_length, rotary_base=args.rotary_base,
             backend=setup.backend, use_distributed_optimizer=setup.dist_opt, overlap_grad_reduce=args.overlap_grad_reduce,
@@ -298,6 +306,25 @@ def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size
     return report
 
 
+def measure_real_rank(args, *, gpu: str = "cpu", all_micro_batches: bool = False) -> RoleReport:
+    """What this rank of a real, initialised torch.distributed world builds and saves in one step, measured exactly as
+    the dry run measures a role (tests/test_dry_run.py compares the two)."""
+    from megatron_sat.training.planner import make_plan, stage_estimates
+    from megatron_sat.training.trainer import configure
+
+    world = torch.distributed.get_world_size()
+    setup = configure(args, lambda line: None)
+    plan = make_plan(args, recipe="real", nodes=1, gpus_per_node=world, gpu=gpu)
+    local = stage_estimates(setup.config, setup.layout, dp=plan.dp, micro_batch_size=args.micro_batch_size,
+                            num_microbatches=setup.num_micro, seq_length=args.seq_length, vocab_size=plan.vocab_size,
+                            bf16=setup.bf16, distributed_optimizer=setup.dist_opt, recompute=args.recompute_granularity,
+                            activation_bytes=2 if setup.bf16 else 4, backend="local")
+    num_micro = setup.num_micro if all_micro_batches else schedule_micro_batches(setup.num_micro, setup.layout.pp,
+                                                                                 setup.layout.vpp)
+    return _run_role(args, setup, plan, local, world, torch.distributed.get_rank(), plan.vocab_size, num_micro,
+                     fake=False)
+
+
 def check_role(role: RoleReport, tolerance: float = DEFAULT_TOLERANCE,
                activation_tolerance: float = ACTIVATION_TOLERANCE) -> Optional[str]:
     """The first difference between what `role` built and what the plan promised (one line), or None."""
@@ -352,7 +379,7 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
             try:
                 setup = configure(args, log)
             except UsageError as err:
-                report.failure = str(err).replace("\n ", "").replace("\n", "; ")
+                report.failure, report.usage_error = str(err).replace("\n ", "").replace("\n", "; "), True
                 return report
             report.layout = setup.layout.describe(world)
             plan = make_plan(args, recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu)
@@ -397,3 +424,16 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
                 torch.distributed.destroy_process_group()
             report.seconds = time.time() - t0
     return report
+
+
+def dry_run_recipe(recipe: str, overrides=(), *, nodes: Optional[int] = None, gpus_per_node: Optional[int] = None,
+                   gpu: Optional[str] = None, **kwargs) -> DryRunReport:
+    """dry_run of `recipe` with trainer flags `overrides` on its default cluster (recipes.paper.cluster), any part of
+    it overridden (as planner.plan_recipe). ValueError for an unknown recipe."""
+    from megatron_sat.training.arguments import recipe_args
+    from recipes.paper import cluster
+
+    args = recipe_args(recipe, list(overrides))
+    c = cluster(recipe)
+    return dry_run(args, recipe=recipe, nodes=nodes or c["nodes"], gpus_per_node=gpus_per_node or c["gpus_per_node"],
+                   gpu=gpu or c["gpu"], **kwargs)

@@ -30,6 +30,10 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                                + 5as^2b/t score/softmax (dropped by selective recompute)
                     MLP        2sbh norm in + 2sbh FC1 in (/ t with SP) + 8sbf/t (gate, up, silu, product)
                     SATFormer  2sbg/t gate values
+                 The local backend (Megatron's local spec, CPU; backend='local') keeps more, measured by the dry
+                 run: each RMSNorm keeps an fp32 copy of its input, the fp32 x * rsqrt and fp32 1/rms (8 bytes a
+                 value + 4 a row, in place of the input), the rotary q and k besides the QKV output (SATFormer's
+                 fused layers excepted), a fifth f-wide SwiGLU tensor, and only the cross entropy's fp32 logits.
                  full recompute keeps only each layer's input (2sbh, / t with SP) plus one layer's full set.
                  In flight: 1F1B keeps min(PP - stage, micro-batches) micro-batches on a stage (PP = 1: one);
                  interleaving (VPP) multiplies stage 0's by 1 + (PP - 1) / (PP x VPP).
