@@ -693,6 +693,30 @@ def _meta_type_patch():
     return "type", orig, patched
 
 
+_ORIG_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _meta_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """P12: scaled_dot_product_attention picks its kernel per device, and on meta tensors always the math one (it
+    keeps the [b, heads, s, s] scores for backward). Run the kernel the CPU would pick for the same shapes instead
+    (its flash kernel keeps q, k, v, the output and the log-sum-exp), so that the bytes a dry run saves are a CPU
+    run's (tests/test_dry_run.py compares them)."""
+    if not query.is_meta:
+        return _ORIG_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa)
+
+    def cpu(t):  # an uninitialised CPU stand-in: the choice reads shapes, strides and dtypes only
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+    choice = torch._fused_sdp_choice(cpu(query), cpu(key), cpu(value), cpu(attn_mask), dropout_p, is_causal,
+                                     scale=scale, enable_gqa=enable_gqa)
+    if choice != torch.nn.attention.SDPBackend.FLASH_ATTENTION.value:
+        return _ORIG_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
+                                                                       attn_mask=attn_mask, scale=scale)[0]
+
+
 # (name, original, meta-aware) Tensor methods swapped in by meta_device()
 _META_TENSOR_PATCHES = [
     _scalar_patch("item", lambda t: _meta_zero(t.dtype)),
@@ -735,7 +759,8 @@ def meta_device():
     the attention mask type of a recomputed attention); and
     ``Tensor.item()`` / ``.tolist()`` of a meta tensor give zeros instead of raising (a meta tensor holds no
     value; megatron reads a few scalars in a step: the loss sums of the schedule, the gradient norm, the
-    optimizer's found-inf flag). Nothing changes for CPU tensors. Not thread-safe; CPU mode only."""
+    optimizer's found-inf flag); scaled_dot_product_attention runs the kernel the CPU would (P12). Nothing changes
+    for CPU tensors. Not thread-safe; CPU mode only."""
     if not ensure_cpu_compat():
         raise RuntimeError("meta_device() is for CPU mode (no GPU visible)")
     with _LOCK:
@@ -744,9 +769,11 @@ def meta_device():
         _TARGET[0] = _META
         for name, _, patched in _META_TENSOR_PATCHES:
             setattr(torch.Tensor, name, patched)
+        torch.nn.functional.scaled_dot_product_attention = _meta_sdpa
         try:
             yield
         finally:
             _TARGET[0] = previous
             for name, orig, _ in _META_TENSOR_PATCHES:
                 setattr(torch.Tensor, name, orig)
+            torch.nn.functional.scaled_dot_product_attention = _ORIG_SDPA

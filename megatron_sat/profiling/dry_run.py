@@ -194,15 +194,15 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:300]}{where}"
 
 
-def _optimizer_bytes(optimizer) -> int:
+def _optimizer_bytes(optimizer, chunks) -> int:
     """fp32 main copies (when the model is bf16) and every optimizer state tensor of this rank."""
-    total, seen = 0, set()
+    total = 0
+    seen = {_storage_key(p) for c in chunks for p in c.parameters()}  # the model's weights (or views of them)
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = opt.optimizer
-        model_params = {id(p) for c in getattr(opt, "model_chunks", []) or [] for p in c.parameters()}
         for group in inner.param_groups:
             for p in group["params"]:
-                if id(p) not in model_params and _storage_key(p) not in seen:  # a main copy, not the model's weight
+                if _storage_key(p) not in seen:  # a main copy, not the model's weight
                     seen.add(_storage_key(p))
                     total += p.numel() * p.element_size()
                 for value in inner.state.get(p, {}).values():
@@ -300,7 +300,7 @@ def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size
         run_forward_backward(chunks, optimizer, config, iter([batch] * num_micro), num_microbatches=num_micro,
                              seq_length=s, micro_batch_size=b, forward_step_func=forward_step)
         optimizer.step()
-        report.optimizer_bytes = _optimizer_bytes(optimizer)
+        report.optimizer_bytes = _optimizer_bytes(optimizer, chunks)
         report.saved_per_micro_batch = [saved[m] for m in sorted(saved)]
     report.seconds = time.time() - t0
     return report
