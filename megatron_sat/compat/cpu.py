@@ -57,6 +57,15 @@ P8  ``torch.Tensor.cuda`` (process-wide, the only global patch) -> returns the t
     it for tied embeddings with PP>1, ``tensor_parallel.broadcast_data``, checkpoint exchange and optimizer
     state reloads.
 
+P9-P12 serve the dry run (megatron_sat/profiling/dry_run.py) and act only inside :func:`meta_device` or under
+torch's fake process group:
+P9  ``meta_device()``: megatron's CUDA device is the meta device; ``.item()``/``float()``/``int()``/``bool()``/
+    ``.tolist()`` of a meta tensor read 0 (megatron reads a few scalars in a step), ``Tensor.type()`` of a meta tensor
+    reads as a CPU type (P4's checks), ``torch.tensor([[meta scalars]])`` in megatron gives a meta tensor.
+P10 under the fake backend, megatron's gloo side groups are fake groups (gloo cannot be built on a FakeStore).
+P11 Meta kernels for the four coalesced c10d collectives (torch 2.13 has none), handing them to the fake backend.
+P12 ``scaled_dot_product_attention`` on meta tensors runs the kernel the CPU would pick (flash), not the math one.
+
 (The distributed optimizer's resume with torch's Adam, a megatron-core bug rather than a CPU matter, is mended
 for CPU and GPU alike in megatron_sat/training/optimizer_resume.py.)
 
@@ -73,7 +82,7 @@ fwd/bwd, recompute with dropout, TP=2 (with and without sequence parallel) == TP
 finalize_model_grads, get_megatron_optimizer with clip_grad (exact SGD check) and with the distributed
 optimizer (== plain), dist_checkpointing torch_dist save/load incl. TP=2 -> TP=1, PP=2 schedule == PP=1.
 
-Public API: :func:`ensure_cpu_compat`, :func:`device`, :func:`dist_backend`, :func:`is_cpu_mode`.
+Public API: :func:`ensure_cpu_compat`, :func:`device`, :func:`dist_backend`, :func:`is_cpu_mode`, :func:`meta_device`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                  The local backend (Megatron's local spec, CPU; backend='local') keeps more, measured by the dry
                  run: each RMSNorm keeps an fp32 copy of its input, the fp32 x * rsqrt and fp32 1/rms (8 bytes a
                  value + 4 a row, in place of the input), the rotary q and k besides the QKV output (SATFormer's
-                 fused layers excepted), a fifth f-wide SwiGLU tensor, and only the cross entropy's fp32 logits.
+                 fused layers excepted), a fifth f-wide SwiGLU tensor, and only the cross entropy's fp32 logits;
+                 without recompute its flash attention keeps its output and fp32 log-sum-exp, not 5as^2b scores.
                  full recompute keeps only each layer's input (2sbh, / t with SP) plus one layer's full set.
                  In flight: 1F1B keeps min(PP - stage, micro-batches) micro-batches on a stage (PP = 1: one);
                  interleaving (VPP) multiplies stage 0's by 1 + (PP - 1) / (PP x VPP).
@@ -436,6 +437,8 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     # SwiGLU: gate, up, silu, product; the local spec's glu also keeps (up + glu_linear_offset), a fifth
     swiglu = 5 if local else 4
     scores = 2.5 * act * a * s * s * b / t  # 5as^2b in bf16
+    if backend == "local":  # the CPU's flash SDPA keeps its own output and the fp32 log-sum-exp, not the scores
+        scores = act * s * b * a * d / t + 4 * s * b * a / t
     extra = act * s * b * g / t if cfg.arch == "satformer" else 0.0
 
     fused = cfg.arch == "satformer" and fused_gate.applies(cfg, t)
