@@ -3,12 +3,12 @@ torch's fake process group and the meta device, checked against the planner; and
 4-rank gloo run.
 
     .venv/bin/python -m pytest -q tests/test_dry_run.py
-    MSAT_DRY_RUN_FULL=1 .venv/bin/python -m pytest -q tests/test_dry_run.py   # + the whole grid, every role
+    MSAT_DRY_RUN_FULL=1 .venv/bin/python -m pytest -q tests/test_dry_run.py   # every role of the 1.3B layouts
 
-Two launches: one fake-world process that dry-runs every case below in turn (each dry run tears its world down),
-and one real 4-rank gloo run. The fast cover: the six archs at 130M on their planned layouts, and the three larger
-1.3B SATFormer layouts with two roles each (first stage; last stage at the last TP rank); MSAT_DRY_RUN_FULL=1 runs
-the 24 grid recipes and every role of the three layouts (docs/dry_run.md has the times).
+Two launches of the library: one fake-world process that dry-runs every case below in turn (each dry run tears its
+world down), and one real 4-rank gloo run; plus three short tool processes. Every one of the 24 paper recipes on its
+planned layout (about 20 s in all on an idle machine); the three larger 1.3B SATFormer layouts with two roles each
+(first stage; last stage at the last TP rank), or every role with MSAT_DRY_RUN_FULL=1 (docs/dry_run.md has times).
 """
 
 import os
@@ -44,7 +44,7 @@ def _fake_world_cases(full: bool):
     from megatron_sat.training.arguments import recipe_args
 
     planner.load_recipes()
-    from recipes.paper import ARCHS, GRID
+    from recipes.paper import GRID
 
     out = {}
     # the small layout of the real run (test_dry_run_equals_a_real_run): every rank of a 4-rank world. At this toy
@@ -93,8 +93,7 @@ def _fake_world_cases(full: bool):
     planner.stage_estimates = original_stages
 
     # the paper grid at its planned layouts, and the larger 1.3B layouts
-    recipes = GRID if full else [f"{a}_130M" for a in ARCHS]
-    out["grid"] = {name: _summary(dr.dry_run_recipe(name)) for name in recipes}
+    out["grid"] = {name: _summary(dr.dry_run_recipe(name)) for name in GRID}
     out["big"] = {}
     for name, flags in BIG_LAYOUTS.items():
         report = dr.dry_run_recipe("satformer_1.3B", flags, nodes=16, gpus_per_node=8,
@@ -141,9 +140,7 @@ def test_dry_run_equals_a_real_run(fake_world):
 
 def test_paper_recipes_dry_run_clean(fake_world):
     grid = fake_world["grid"]
-    if not FULL:
-        print(f"\nfast cover: {', '.join(grid)} (the whole grid with MSAT_DRY_RUN_FULL=1; docs/dry_run.md)")
-    assert len(grid) == (24 if FULL else 6)
+    assert len(grid) == 24
     for name, report in grid.items():
         assert report["ok"], report["text"]
         assert report["roles"] and "status OK" in report["text"], report["text"]
