@@ -1,6 +1,7 @@
 """Submit the scaling grid (archs x scales x seeds) to Slurm as job arrays, or print what would be submitted.
 
     python tools/submit_grid.py --dry-run                                   # whole grid: table + sbatch lines
+    python tools/submit_grid.py --dry-run --check-layouts --scales 1.3B     # + each entry's layout dry-run on CPU
     python tools/submit_grid.py --archs satformer,resformer --scales 760M --seeds 1,2 --submit
     python tools/submit_grid.py --scales 1.3B --segments 3 --time 08:00:00 --submit   # 3 chained jobs per array
     python tools/submit_grid.py --archs transformer,satformer --scales debug --submit -- --train-iters 10
@@ -180,6 +181,32 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
+def check_layouts(rows) -> bool:
+    """Dry-run every distinct entry of `rows` (the seed does not change the layout); prints one line each."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    from megatron_sat.profiling.dry_run import dry_run
+
+    seen, ok = set(), True
+    for r in rows:
+        c = r["cluster"]
+        flags = [f for i, f in enumerate(r["flags"]) if f != "--seed" and (i == 0 or r["flags"][i - 1] != "--seed")]
+        key = (r["recipe"], tuple(flags), c["nodes"], c["gpus_per_node"], c["gpu"])
+        if key in seen:
+            continue
+        seen.add(key)
+        args, _ = resolve(r["recipe"], r["flags"])
+        report = dry_run(args, recipe=r["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"])
+        status = (f"OK ({len(report.roles)} rank role(s), {report.seconds:.0f} s)" if report.ok
+                  else f"FAILED: {report.failure}")
+        print(f"dry-run {r['recipe']} {report.layout} on {c['nodes']} x {c['gpus_per_node']} {c['gpu']}: {status}",
+              flush=True)
+        ok &= report.ok
+    if not ok:
+        print("\nerror: a dry run failed; see python tools/dry_run.py --recipe NAME (with the same flags)",
+              file=sys.stderr)
+    return ok
+
+
 def sbatch_args(key, n, site, opts, manifest, dependency=None):
     scale, nodes, gpn, gpu, time_limit = key
     logs = site.get("MSAT_LOGS", "logs")
@@ -216,6 +243,10 @@ def main(argv=None) -> int:
     p.add_argument("--mfu", type=float, default=0.40)
     p.add_argument("--sweep", default=None, help="the sweep's name (default grid-<date>-<time>): wandb group, "
                                                   "collect_grid.py --sweep")
+    p.add_argument("--check-layouts", action="store_true",
+                   help="dry-run each distinct entry (recipe, flags, cluster; not the seed) on one CPU before anything "
+                        "is submitted: the real model at full size on a fake world, checked against its plan "
+                        "(tools/dry_run.py); any failure stops here with exit 1")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the table and sbatch lines (default)")
     mode.add_argument("--submit", action="store_true", help="write the manifests and submit")
@@ -248,6 +279,8 @@ def main(argv=None) -> int:
     invalid = [r for r in rows if not r["plan"].ok]
     if invalid:
         print(f"\nerror: {len(invalid)} invalid plan(s); see tools/plan_layout.py --recipe NAME", file=sys.stderr)
+        return 1
+    if opts.check_layouts and not check_layouts(rows):
         return 1
     runs_dir = site.get("MSAT_RUNS", "runs")
     manifest_dir = os.path.join(os.path.abspath(runs_dir), "_grid")

@@ -9,6 +9,6 @@ for the list of patches.  Typical use, before building any megatron object::
     x = torch.zeros(4, device=compat.device())
 """
 
-from megatron_sat.compat.cpu import device, dist_backend, ensure_cpu_compat, is_cpu_mode
+from megatron_sat.compat.cpu import device, dist_backend, ensure_cpu_compat, is_cpu_mode, meta_device
 
-__all__ = ["ensure_cpu_compat", "device", "dist_backend", "is_cpu_mode"]
+__all__ = ["ensure_cpu_compat", "device", "dist_backend", "is_cpu_mode", "meta_device"]

@@ -57,6 +57,15 @@ P8  ``torch.Tensor.cuda`` (process-wide, the only global patch) -> returns the t
     it for tied embeddings with PP>1, ``tensor_parallel.broadcast_data``, checkpoint exchange and optimizer
     state reloads.
 
+P9-P12 serve the dry run (megatron_sat/profiling/dry_run.py) and act only inside :func:`meta_device` or under
+torch's fake process group:
+P9  ``meta_device()``: megatron's CUDA device is the meta device; ``.item()``/``float()``/``int()``/``bool()``/
+    ``.tolist()`` of a meta tensor read 0 (megatron reads a few scalars in a step), ``Tensor.type()`` of a meta tensor
+    reads as a CPU type (P4's checks), ``torch.tensor([[meta scalars]])`` in megatron gives a meta tensor.
+P10 under the fake backend, megatron's gloo side groups are fake groups (gloo cannot be built on a FakeStore).
+P11 Meta kernels for the four coalesced c10d collectives (torch 2.13 has none), handing them to the fake backend.
+P12 ``scaled_dot_product_attention`` on meta tensors runs the kernel the CPU would pick (flash), not the math one.
+
 (The distributed optimizer's resume with torch's Adam, a megatron-core bug rather than a CPU matter, is mended
 for CPU and GPU alike in megatron_sat/training/optimizer_resume.py.)
 
@@ -73,7 +82,7 @@ fwd/bwd, recompute with dropout, TP=2 (with and without sequence parallel) == TP
 finalize_model_grads, get_megatron_optimizer with clip_grad (exact SGD check) and with the distributed
 optimizer (== plain), dist_checkpointing torch_dist save/load incl. TP=2 -> TP=1, PP=2 schedule == PP=1.
 
-Public API: :func:`ensure_cpu_compat`, :func:`device`, :func:`dist_backend`, :func:`is_cpu_mode`.
+Public API: :func:`ensure_cpu_compat`, :func:`device`, :func:`dist_backend`, :func:`is_cpu_mode`, :func:`meta_device`.
 """
 
 from __future__ import annotations
@@ -92,12 +101,16 @@ import warnings
 
 import torch
 
-__all__ = ["ensure_cpu_compat", "device", "dist_backend", "is_cpu_mode"]
+__all__ = ["ensure_cpu_compat", "device", "dist_backend", "is_cpu_mode", "meta_device"]
 
 _log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _APPLIED = False
 _CPU = torch.device("cpu")
+_META = torch.device("meta")
+# torch's fake process group for CPU and meta tensors (the dry run's world; P10, P11)
+FAKE_BACKEND = "cpu:fake,meta:fake"
+_TARGET = [_CPU]  # where megatron's "CUDA" tensors go: the CPU, or the meta device inside meta_device() (P9)
 _MEGATRON_PREFIX = "megatron.core"
 
 
@@ -110,7 +123,7 @@ def device() -> torch.device:
     """The device to put tensors on: the current CUDA device on a GPU machine, else CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
-    return _CPU
+    return _TARGET[0]
 
 
 def dist_backend() -> str:
@@ -202,7 +215,7 @@ class _CudaShim(types.ModuleType):
     def __init__(self):
         super().__init__("torch.cuda")
         self.__dict__.update(
-            current_device=lambda: _CPU,
+            current_device=lambda: _TARGET[0],
             synchronize=_noop,
             set_device=_noop,
             empty_cache=_noop,
@@ -244,7 +257,7 @@ def _is_cuda_device(dev) -> bool:
 
 
 def _map_device(dev):
-    return _CPU if _is_cuda_device(dev) else dev
+    return _TARGET[0] if _is_cuda_device(dev) else dev
 
 
 class _DeviceMeta(type):
@@ -256,13 +269,13 @@ class _DeviceMeta(type):
 
     def __call__(cls, *args, **kwargs):
         if args and (args[0] == "cuda" or (isinstance(args[0], str) and args[0].startswith("cuda:"))):
-            return _CPU
+            return _TARGET[0]
         if args and isinstance(args[0], torch.device) and args[0].type == "cuda":
-            return _CPU
+            return _TARGET[0]
         if args and isinstance(args[0], int) and not isinstance(args[0], bool):
-            return _CPU
+            return _TARGET[0]
         if kwargs.get("type") == "cuda":
-            return _CPU
+            return _TARGET[0]
         return torch.device(*args, **kwargs)
 
 
@@ -277,14 +290,30 @@ _FACTORIES = (
 )
 
 
+def _holds_meta(data) -> bool:
+    if isinstance(data, torch.Tensor):
+        return data.is_meta
+    return isinstance(data, (list, tuple)) and any(_holds_meta(x) for x in data)
+
+
+def _nested_shape(data) -> tuple:
+    if isinstance(data, torch.Tensor):
+        return tuple(data.shape)
+    return (len(data),) + (_nested_shape(data[0]) if data else ())
+
+
 def _wrap_factory(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         dev = kwargs.get("device")
         if dev is not None and _is_cuda_device(dev):
-            kwargs["device"] = _CPU
+            kwargs["device"] = _TARGET[0]
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False  # pinned memory needs an accelerator
+        if _TARGET[0] is _META and fn is torch.tensor and args and _holds_meta(args[0]):
+            # P9: torch.tensor([[meta scalars]]) reads their values (megatron's local L2 norm): a meta tensor of
+            # that shape instead
+            return torch.empty(_nested_shape(args[0]), dtype=kwargs.get("dtype") or torch.float32, device=_META)
         return fn(*args, **kwargs)
 
     return wrapper
@@ -296,10 +325,19 @@ def _barrier(*args, **kwargs):
     return torch.distributed.barrier(*args, **kwargs)
 
 
+def _new_group(*args, **kwargs):
+    # P10: under torch's fake backend (the dry run) megatron's gloo side groups are fake too: a gloo group cannot
+    # be built over a FakeStore, and no data moves in a dry run anyway.
+    if kwargs.get("backend") == "gloo" and "fake" in str(torch.distributed.get_backend()):
+        kwargs["backend"] = FAKE_BACKEND
+    return torch.distributed.new_group(*args, **kwargs)
+
+
 class _DistProxy(types.ModuleType):
     def __init__(self):
         super().__init__("torch.distributed")
         self.__dict__["barrier"] = _barrier
+        self.__dict__["new_group"] = _new_group
 
     def __getattr__(self, name):
         return getattr(torch.distributed, name)
@@ -632,3 +670,119 @@ def ensure_cpu_compat() -> bool:
         _APPLIED = True
         _log.debug("megatron_sat.compat: CPU compatibility patches applied")
         return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# P9: the meta device, for the dry run (megatron_sat/profiling/dry_run.py)
+# ---------------------------------------------------------------------------------------------------------------
+def _meta_zero(dtype):
+    return False if dtype == torch.bool else 0.0 if dtype.is_floating_point else 0
+
+
+def _scalar_patch(name, convert):
+    orig = getattr(torch.Tensor, name)
+
+    def patched(self, *args, **kwargs):
+        if self.device.type != "meta":
+            return orig(self, *args, **kwargs)
+        return convert(self)
+
+    return name, orig, patched
+
+
+def _meta_type_patch():
+    orig = torch.Tensor.type
+
+    def patched(self, dtype=None, non_blocking=False, **kwargs):
+        out = orig(self, dtype, non_blocking, **kwargs)
+        if dtype is None and isinstance(out, str):
+            return out.replace("torch.meta.", "torch.")  # megatron's type-string checks (P4) see a CPU tensor
+        return out
+
+    return "type", orig, patched
+
+
+_ORIG_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _meta_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """P12: scaled_dot_product_attention picks its kernel per device, and on meta tensors always the math one (it
+    keeps the [b, heads, s, s] scores for backward). Run the kernel the CPU would pick for the same shapes instead
+    (its flash kernel keeps q, k, v, the output and the log-sum-exp), so that the bytes a dry run saves are a CPU
+    run's (tests/test_dry_run.py compares them)."""
+    if not query.is_meta:
+        return _ORIG_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa)
+
+    def cpu(t):  # an uninitialised CPU stand-in: the choice reads shapes, strides and dtypes only
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+    choice = torch._fused_sdp_choice(cpu(query), cpu(key), cpu(value), cpu(attn_mask), dropout_p, is_causal,
+                                     scale=scale, enable_gqa=enable_gqa)
+    if choice != torch.nn.attention.SDPBackend.FLASH_ATTENTION.value:
+        return _ORIG_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
+                                                                       attn_mask=attn_mask, scale=scale)[0]
+
+
+# (name, original, meta-aware) Tensor methods swapped in by meta_device()
+_META_TENSOR_PATCHES = [
+    _scalar_patch("item", lambda t: _meta_zero(t.dtype)),
+    _scalar_patch("tolist", lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist()),
+    _scalar_patch("__float__", lambda t: 0.0),
+    _scalar_patch("__int__", lambda t: 0),
+    _scalar_patch("__bool__", lambda t: False),
+    _meta_type_patch(),
+]
+
+
+_COALESCED_OPS = ("reduce_scatter_tensor_coalesced_", "allgather_into_tensor_coalesced_", "allreduce_coalesced_",
+                  "allgather_coalesced_")
+_META_LIBRARY = []
+
+
+def _register_meta_collectives() -> None:
+    """P11: torch 2.13 has Meta kernels for every c10d collective but the coalesced ones, which megatron's DDP uses
+    for its gradient reduce-scatter / all-reduce and parameter all-gather. Their Meta kernel here redispatches to
+    the CPU kernel, which hands the call to the process group's backend: under the fake backend that touches no
+    data, so meta tensors pass through (a real backend would fail on them, as it fails without this)."""
+    if _META_LIBRARY:
+        return
+    lib = torch.library.Library("c10d", "IMPL")
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    for name in _COALESCED_OPS:
+        op = getattr(torch.ops.c10d, name).default
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+            continue  # a newer torch has its own
+        lib.impl(name, functools.partial(lambda op, *args: op.redispatch(cpu, *args), op), "Meta")
+    _META_LIBRARY.append(lib)
+
+
+@contextlib.contextmanager
+def meta_device():
+    """Build and run megatron on the meta device: shapes and dtypes, no memory, no arithmetic (the dry run).
+
+    Inside: megatron's ``torch.cuda.current_device()`` and every CUDA device argument (P1, P2) and :func:`device`
+    give ``meta`` (tensors made without a device stay on the CPU: megatron keeps a few small values there, e.g.
+    the attention mask type of a recomputed attention); and
+    ``Tensor.item()`` / ``.tolist()`` of a meta tensor give zeros instead of raising (a meta tensor holds no
+    value; megatron reads a few scalars in a step: the loss sums of the schedule, the gradient norm, the
+    optimizer's found-inf flag); scaled_dot_product_attention runs the kernel the CPU would (P12). Nothing changes
+    for CPU tensors. Not thread-safe; CPU mode only."""
+    if not ensure_cpu_compat():
+        raise RuntimeError("meta_device() is for CPU mode (no GPU visible)")
+    with _LOCK:
+        _register_meta_collectives()
+        previous = _TARGET[0]
+        _TARGET[0] = _META
+        for name, _, patched in _META_TENSOR_PATCHES:
+            setattr(torch.Tensor, name, patched)
+        torch.nn.functional.scaled_dot_product_attention = _meta_sdpa
+        try:
+            yield
+        finally:
+            _TARGET[0] = previous
+            for name, orig, _ in _META_TENSOR_PATCHES:
+                setattr(torch.Tensor, name, orig)
+            torch.nn.functional.scaled_dot_product_attention = _ORIG_SDPA

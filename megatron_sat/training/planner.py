@@ -15,10 +15,12 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
   model states   params_stage x (2 bf16 weights + 4 fp32 grad buffer [grad_reduce_in_fp32]
                                  + 12 fp32 master/m/v, divided by DP with the distributed optimizer)
                  params_stage: the stage's layers' linears / TP (MUDDFormer: each layer's own FFN width; SATFormer's
-                 fused gate: W_alpha's rows and their zero padding rows in linear_qkv, sharded with it) + their
-                 norms and the baselines' connections (count_parameters' "connections", spread evenly over the
-                 layers; replicated, not / TP), + the word embedding / TP on the first stage and (tied, PP > 1)
-                 its copy on the last stage.
+                 fused gate: W_alpha's rows and their zero padding rows in linear_qkv, sharded with it; its separate
+                 gate: replicated) + their norms and the baselines' connections (each layer's own, as built;
+                 replicated, not / TP), ResFormer's learned lambda1 on every chunk, + the word embedding (the
+                 vocabulary padded to a multiple of 128 x TP, as the trainer does) / TP on the first stage and
+                 (tied, PP > 1) its copy on the last stage. Exact: the dry run (megatron_sat/profiling/dry_run.py)
+                 checks it against every built rank.
   activations    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
                  counted for this block (RMSNorm, QK-norm, SwiGLU, no dropout), per layer and micro-batch,
                  s sequence, b micro-batch, h hidden, f FFN, a heads, g KV heads, d head dim, t TP
@@ -28,6 +30,11 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                                + 5as^2b/t score/softmax (dropped by selective recompute)
                     MLP        2sbh norm in + 2sbh FC1 in (/ t with SP) + 8sbf/t (gate, up, silu, product)
                     SATFormer  2sbg/t gate values
+                 The local backend (Megatron's local spec, CPU; backend='local') keeps more, measured by the dry
+                 run: each RMSNorm keeps an fp32 copy of its input, the fp32 x * rsqrt and fp32 1/rms (8 bytes a
+                 value + 4 a row, in place of the input), the rotary q and k besides the QKV output (SATFormer's
+                 fused layers excepted), a fifth f-wide SwiGLU tensor, and only the cross entropy's fp32 logits;
+                 without recompute its flash attention keeps its output and fp32 log-sum-exp, not 5as^2b scores.
                  full recompute keeps only each layer's input (2sbh, / t with SP) plus one layer's full set.
                  In flight: 1F1B keeps min(PP - stage, micro-batches) micro-batches on a stage (PP = 1: one);
                  interleaving (VPP) multiplies stage 0's by 1 + (PP - 1) / (PP x VPP).
@@ -120,6 +127,8 @@ class Plan:
     gpu_hours: Optional[float] = None
     mfu: float = DEFAULT_MFU
     errors: List[str] = field(default_factory=list)
+    vocab_size: int = 0  # padded as the trainer pads it
+    stages: List[dict] = field(default_factory=list)  # stage_estimates, one per pipeline stage
 
     @property
     def world_size(self) -> int:
@@ -198,6 +207,13 @@ def plan_recipe(recipe: str, overrides: Sequence[str] = (), nodes: Optional[int]
                      gpu=gpu or c["gpu"], mfu=mfu)
 
 
+def padded_vocab_size(vocab_size: int, args, tp: int) -> int:
+    """The embedding rows the trainer builds: the vocabulary rounded up to make_vocab_size_divisible_by x TP (as
+    Megatron-LM; the trainer's Loop does the same with its tokenizer's vocabulary)."""
+    multiple = getattr(args, "make_vocab_size_divisible_by", 128) * tp
+    return -(-vocab_size // multiple) * multiple
+
+
 def _model_config(args):
     from megatron_sat.model.config import make_config
     from megatron_sat.training.arguments import model_config_fields
@@ -220,10 +236,10 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
         cfg = _model_config(args)
     except ValueError as e:
         raise ValueError(f"recipe {recipe}: {e}") from None
-    vocab = args.vocab_size or 32000
     world = nodes * gpus_per_node
     layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                     vpp=args.num_virtual_stages_per_pipeline_rank, sp=args.sequence_parallel)
+    vocab = padded_vocab_size(args.vocab_size or 32000, args, layout.tp)
     dp = max(layout.dp(world), 1)
     mbs, gbs = args.micro_batch_size, args.global_batch_size
     num_micro = gbs // (mbs * dp) if mbs > 0 else 0
@@ -243,16 +259,18 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
                 pp=layout.pp, vpp=layout.vpp, sp=layout.sp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs,
                 num_microbatches=num_micro, seq_length=args.seq_length, train_iters=args.train_iters,
                 warmup_iters=args.lr_warmup_iters, lr=args.lr, parameters=params, flops_per_token=flops,
-                recompute=args.recompute_granularity, capacity_gib=GPU_MEMORY_GIB.get(gpu), mfu=mfu, errors=errors)
+                recompute=args.recompute_granularity, capacity_gib=GPU_MEMORY_GIB.get(gpu), mfu=mfu, errors=errors,
+                vocab_size=vocab)
     if gpu in PEAK_TFLOPS:
         plan.gpu_hours = flops * plan.tokens / (PEAK_TFLOPS[gpu] * 1e12 * mfu) / 3600
     if not errors:
         bf16 = gpu != "cpu" if args.bf16 is None else args.bf16
         dist_opt = (gpu != "cpu") if args.use_distributed_optimizer is None else args.use_distributed_optimizer
-        plan.memory = estimate_memory(cfg, layout, dp=dp, micro_batch_size=mbs, num_microbatches=num_micro,
+        plan.stages = stage_estimates(cfg, layout, dp=dp, micro_batch_size=mbs, num_microbatches=num_micro,
                                       seq_length=args.seq_length, vocab_size=vocab, bf16=bf16,
                                       distributed_optimizer=dist_opt, recompute=args.recompute_granularity,
                                       backend="te" if gpu != "cpu" else "local")
+        plan.memory = max(plan.stages, key=lambda st: st["total"])["gib"]  # estimate_memory: the worst stage
         if plan.capacity_gib and plan.memory["total"] > USABLE_FRACTION * plan.capacity_gib:
             plan.errors.append(
                 f"estimated {plan.memory['total']:.1f} GiB per GPU exceeds {100 * USABLE_FRACTION:.0f}% of the "
@@ -275,13 +293,37 @@ def _ffn_size(cfg, layer: int) -> int:
     return cfg.ffn_hidden_size
 
 
-def _layer_params(cfg, layer: int, parts: dict) -> Tuple[float, float]:
-    """(TP-sharded, replicated) parameters of global layer `layer`; parts = count_parameters(cfg, 0)."""
-    L, h = cfg.num_layers, cfg.hidden_size
-    sharded = (parts["attention"] + parts["value_residual"] + parts["gate_padding"]) / L + h * _ffn_size(cfg, layer) * (
-        3 if cfg.gated_linear_unit else 2)
-    replicated = (parts["norms"] - h + parts["connections"]) / L  # the final norm is the last stage's
+def _layer_params(cfg, layer: int, t: int) -> Tuple[float, float]:
+    """(TP-sharded over all TP ranks, replicated on each) parameters of global layer `layer`, exactly as built
+    (megatron_sat.model.sizes.count_parameters, layer by layer: which layers mix V1, depth-grown connections)."""
+    from megatron_sat.model import fused_gate
+
+    h, hn, nq, ng = cfg.hidden_size, cfg.kv_channels, cfg.num_attention_heads, cfg.num_query_groups
+    sharded = h * (nq + 2 * ng) * hn + nq * hn * h + h * _ffn_size(cfg, layer) * (3 if cfg.gated_linear_unit else 2)
+    replicated = 2 * h + (2 * hn if cfg.qk_layernorm else 0)  # input and pre-MLP norms, q and k norms
+    mixes = layer in cfg.mixing_layers
+    if cfg.arch == "satformer" and mixes:
+        if fused_gate.applies(cfg, t):  # W_alpha's rows and their zero padding, sharded with linear_qkv
+            sharded += ng * h + h * fused_gate.padding_rows(cfg, t)
+        else:  # the separate gate: W_alpha replicated over TP
+            replicated += ng * h
+    elif cfg.arch == "resformer" and cfg.resformer_lambdas == "learned" and mixes:
+        replicated += 1  # lambda2
+    elif cfg.arch == "denseformer":
+        replicated += layer + 1  # DWA weights over X_0..X_i
+    elif cfg.arch == "muddformer":
+        C, k = (4 if layer < cfg.num_layers else 1), layer + 1
+        replicated += 2 * h + C * k * h + (C * k) ** 2 + C * k + k * h + C * h  # k/v norms; w1, w2, static, norms
+    elif cfg.arch == "hyperconnections":
+        n = cfg.hc_expansion_rate
+        hc = n * (n + 1) + n + ((h + h * (n + 1) + h + 2) if cfg.hc_dynamic else 0)
+        replicated += 2 * hc  # before attention and before the MLP
     return sharded, replicated
+
+
+def _chunk_params(cfg) -> int:
+    """Parameters every model chunk holds once: ResFormer's learned lambda1 (L - 1 logits and a scale)."""
+    return cfg.num_layers if cfg.arch == "resformer" and cfg.resformer_lambdas == "learned" else 0
 
 
 def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, act: float, local: bool,
@@ -292,6 +334,8 @@ def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, a
     u = act * s * b * h / sp_div  # one [s, b, h]
     x = act * s * b / sp_div  # one value per token
     stat = 4 * s * b / sp_div  # a norm's fp32 1/rms per token
+    # the local backend's RMSNorm also keeps its fp32 x * rsqrt (4 bytes a value; measured: 6 with bf16 activations)
+    local_norm = (8 - act) * s * b * h / sp_div
     if cfg.arch == "denseformer":
         return u  # X_i
     if cfg.arch == "muddformer":
@@ -303,14 +347,14 @@ def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, a
         out += (1 + C) * u + 3 * C * k * x  # rms(X_i), C sums; W1 out, GELU out, dw [s, b, C*k]
         out += act * (a + 2 * g) * d * h / t  # Q, K, V weight slices
         out += u if layer == L else 0  # R stream, the final norm's input
-        return out + (norms + 1) * stat + (norms * u if local else 0)
+        return out + (norms + 1) * stat + (norms * local_norm if local else 0)
     if cfg.arch == "hyperconnections":
         n = cfg.hc_expansion_rate
         if recompute == "full":
             return 0.0 if layer == 1 else (n - 1) * u  # the checkpointed input is [s, b, n*h]
         out = 4 * n * u - ((n - 1) * u if layer == 1 else 0) + 2 * u  # H, mixes; sublayer outputs y
         if cfg.hc_dynamic:  # per sublayer: normed H [s, b, n*h], alpha/tanh [s, b, n, n+1], beta/tanh [s, b, n]
-            out += 2 * (n * u + n * (2 * n + 4) * x + n * stat + (n * u if local else 0))
+            out += 2 * (n * u + n * (2 * n + 4) * x + n * stat + (n * local_norm if local else 0))
         return out
     return 0.0
 
@@ -327,6 +371,14 @@ def _wire_channels(cfg, chunk_layers: List[range]) -> int:
     return 0
 
 
+def _v1_wire_channels(cfg, t: int, sp: bool) -> int:
+    """Channels V1 adds to the pipeline message (model/v1_transport.py wire_width; the planner counts V1's bytes
+    under "V1", not as a connection)."""
+    if not cfg.uses_value_residual:
+        return 0
+    return cfg.num_query_groups * cfg.kv_channels // t * (t if sp else 1)
+
+
 def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbatches: int, seq_length: int,
                     vocab_size: int, bf16: bool = True, distributed_optimizer: bool = True,
                     recompute: Optional[str] = "selective", activation_bytes: Optional[int] = None,
@@ -336,7 +388,25 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     activation_bytes: bytes per activation value (default 2 with bf16, else 4); backend: 'te' or 'local'
     (Megatron-Core's RMSNorm, which also keeps the normalised input of the baselines' extra norms).
     """
-    from megatron_sat.model.sizes import count_parameters
+    stages = stage_estimates(cfg, layout, dp=dp, micro_batch_size=micro_batch_size,
+                             num_microbatches=num_microbatches, seq_length=seq_length, vocab_size=vocab_size, bf16=bf16,
+                             distributed_optimizer=distributed_optimizer, recompute=recompute,
+                             activation_bytes=activation_bytes, backend=backend)
+    worst = max(stages, key=lambda st: st["total"])  # the first of equal ones, as before
+    return worst["gib"]
+
+
+def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbatches: int, seq_length: int,
+                    vocab_size: int, bf16: bool = True, distributed_optimizer: bool = True,
+                    recompute: Optional[str] = "selective", activation_bytes: Optional[int] = None,
+                    backend: str = "te") -> List[dict]:
+    """Every pipeline stage's plan (estimate_memory's arguments), what the dry run checks a built rank against:
+    params (this rank's, exact), its weights/grads/optimizer bytes, per_micro_batch (bytes autograd saves in one
+    micro-batch's forward over this rank's chunks: block, logits, connections and V1; no pipeline buffers),
+    message ([s', b, channels] of every pipeline message), in_flight, total (bytes) and gib (estimate_memory's
+    dict for this stage)."""
+
+    from megatron_sat.model import fused_gate
 
     t, pp, vpp = layout.tp, layout.pp, layout.vpp
     chunks = vpp or 1
@@ -352,13 +422,31 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
         o_bytes = o_bytes / dp
     act = activation_bytes or (2 if bf16 else 4)
     sbh = s * b * h
-    attn = act * (2 * sbh / sp_div + s * b * (a + g) * d / t + s * b * (a + 2 * g) * d / t + s * b * a * d / t)
+    local = backend == "local"
+
+    def norm(values: float, rows: float) -> float:  # what one RMSNorm over `values` (in `rows` rows) keeps
+        # the local backend (torch's RMSNorm, CPU) keeps an fp32 copy of its input, the fp32 x * rsqrt and the fp32
+        # 1/rms per row, whatever the precision (measured by the dry run); Transformer Engine: its input
+        return 8 * values + 4 * rows if local else act * values
+
+    attn = (norm(sbh / sp_div, s * b / sp_div) + act * sbh / sp_div + norm(s * b * (a + g) * d / t, s * b * (a + g) / t)
+            + act * (s * b * (a + 2 * g) * d / t + s * b * a * d / t))
+    if local:  # the QK-norm's input is a view of the kept QKV output; its rotary output is kept (measured; not
+        # in SATFormer's fused layers, which split q, k, v out of the fused output and keep none of it)
+        attn += act * s * b * (a + g) * d / t
+    # SwiGLU: gate, up, silu, product; the local spec's glu also keeps (up + glu_linear_offset), a fifth
+    swiglu = 5 if local else 4
     scores = 2.5 * act * a * s * s * b / t  # 5as^2b in bf16
+    if backend == "local":  # the CPU's flash SDPA keeps its own output and the fp32 log-sum-exp, not the scores
+        scores = act * s * b * a * d / t + 4 * s * b * a / t
     extra = act * s * b * g / t if cfg.arch == "satformer" else 0.0
 
+    fused = cfg.arch == "satformer" and fused_gate.applies(cfg, t)
+
     def block(layer: int, with_scores: bool) -> float:  # one layer's saved bytes, the Transformer block's part
-        mlp = act * (2 * sbh / sp_div + 4 * s * b * _ffn_size(cfg, layer) / t)
-        return attn + mlp + extra + (scores if with_scores else 0.0)
+        mlp = norm(sbh / sp_div, s * b / sp_div) + act * (sbh / sp_div + swiglu * s * b * _ffn_size(cfg, layer) / t)
+        own = attn - (act * s * b * (a + g) * d / t if local and fused and layer in cfg.mixing_layers else 0.0)
+        return own + mlp + extra + (scores if with_scores else 0.0)
 
     def connections(layer: int, first_in_chunk: bool, how: Optional[str]) -> float:
         return _connection_bytes(cfg, layer, s=s, b=b, t=t, sp_div=sp_div, act=act, local=backend == "local",
@@ -366,19 +454,22 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
 
     full = recompute == "full"
     v1 = act * s * b * g * d / t if cfg.uses_value_residual else 0.0
-    param_parts = count_parameters(cfg, vocab_size=0, tp=t)
     chunk_layers = _chunk_layers(cfg.num_layers, pp * chunks)
     wire = _wire_channels(cfg, chunk_layers) * act * s * b / sp_div  # one message's extra channels
-    worst = None
+    out = []
     m = max(num_microbatches, 1)
+    last_stage_act = act * (2 * sbh / sp_div + s * b * vocab_size / t) + 4 * s * b * vocab_size / t
+    if local:  # the final norm as above; the cross entropy keeps its fp32 logits, not the output layer's (measured)
+        last_stage_act = norm(sbh / sp_div, s * b / sp_div) + act * sbh / sp_div + 4 * s * b * vocab_size / t
+    message = (s // sp_div, b, h + _wire_channels(cfg, chunk_layers) + _v1_wire_channels(cfg, t, layout.sp))
     for stage in range(pp):
         in_flight = 1 if pp == 1 else min(pp - stage, m)
         if vpp and stage == 0:
             in_flight = min(pp, m) * (1 + (pp - 1) / (pp * vpp))
         mine = [v * pp + stage for v in range(chunks)]  # this rank's chunks (global chunk index)
         layers = [i for c in mine for i in chunk_layers[c]]
-        sharded, replicated = (sum(x) for x in zip(*(_layer_params(cfg, i, param_parts) for i in layers)))
-        params = sharded / t + replicated
+        sharded, replicated = (sum(x) for x in zip(*(_layer_params(cfg, i, t) for i in layers)))
+        params = sharded / t + replicated + chunks * _chunk_params(cfg)
         if stage == 0:
             params += emb
         if stage == pp - 1:
@@ -391,7 +482,7 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
             kept, one_layer, one_conn = sum(block(i, recompute != "selective") for i in layers), 0.0, 0.0
         activations = in_flight * kept + one_layer
         if stage == pp - 1:
-            activations += act * (2 * sbh / sp_div + s * b * vocab_size / t) + 4 * s * b * vocab_size / t
+            activations += last_stage_act
         conn = in_flight * sum(connections(i, i == chunk_layers[c][0], recompute) for c in mine
                                for i in chunk_layers[c]) + one_conn
         sends = sum(c < pp * chunks - 1 for c in mine)
@@ -402,11 +493,14 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
         parts = dict(weights=params * w_bytes, grads=params * g_bytes, optimizer=params * o_bytes,
                      activations=activations, v1=v1_bytes, connections=conn, history_grads=history)
         total = sum(parts.values())
-        if worst is None or total > worst[0]:
-            worst = (total, parts, in_flight)
-    _, parts, in_flight = worst
-    out = {k: v / GIB for k, v in parts.items()}
-    out["overhead"] = OVERHEAD_GIB
-    out["total"] = sum(out.values())
-    out["in_flight"] = round(in_flight, 2)
+        gib = {k: v / GIB for k, v in parts.items()}
+        gib["overhead"] = OVERHEAD_GIB
+        gib["total"] = sum(gib.values())
+        gib["in_flight"] = round(in_flight, 2)
+        # V1 is kept once per micro-batch (SATFormer: inside layer 1's QKV output on the stage that holds layer 1)
+        v1_kept = 0.0 if cfg.arch == "satformer" and 1 in layers else v1
+        per_micro = (kept + (last_stage_act if stage == pp - 1 else 0.0) + v1_kept
+                     + sum(connections(i, i == chunk_layers[c][0], recompute) for c in mine for i in chunk_layers[c]))
+        out.append(dict(stage=stage, params=params, total=total, gib=gib, in_flight=in_flight,
+                        per_micro_batch=per_micro, message=message, **parts))
     return out

@@ -1,0 +1,68 @@
+"""Check a cluster layout on one CPU before submitting it: every rank role built for real at full size on a fake world.
+
+    python tools/dry_run.py --recipe satformer_1.3B --nodes 16 --tensor-model-parallel-size 4 \\
+        --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 --sequence-parallel
+    python tools/dry_run.py --recipe hyperconnections_760M            # the recipe's default cluster and layout
+    megatron-sat-dry-run --recipe satformer_1.3B --nodes 16 --gpu H200 --micro-batch-size 8
+
+Any trainer flag (python -m megatron_sat.train --help) overrides the recipe; --nodes, --gpus-per-node and --gpu
+override its default cluster (recipes/paper.py CLUSTERS), as in tools/plan_layout.py. For each distinct rank role
+(every pipeline stage with its virtual chunks, and the last TP rank) the real Megatron model chunks, DDP and optimizer
+are built on torch's fake process group at the full world size, on the meta device, and one training step runs
+through the real pipeline schedule and the optimizer; what was built is checked against the planner
+(megatron_sat/profiling/dry_run.py; docs/dry_run.md). Prints a report per role.
+
+Exit status: 0 clean; 1 the real code failed at this layout, or what it built differs from the plan (one line
+"dry-run: FAILED: ..."); 2 bad input, including a layout the trainer refuses (its own message).
+"""
+
+import argparse
+import os
+import sys
+import warnings
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the fake groups' teardown warns once per group otherwise
+warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_sat.training.planner import GPU_MEMORY_GIB, load_recipes
+
+
+def main(argv=None) -> int:
+    from megatron_sat.profiling.dry_run import ACTIVATION_TOLERANCE, DEFAULT_TOLERANCE
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, help="recipe name (recipes/)")
+    parser.add_argument("--nodes", type=int, default=None)
+    parser.add_argument("--gpus-per-node", type=int, default=None)
+    parser.add_argument("--gpu", choices=[g for g in GPU_MEMORY_GIB if g != "cpu"], default=None,
+                        help="the target GPU (bf16 and the distributed optimizer unless the flags say otherwise)")
+    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                        help=f"relative, on gradient buffer and optimizer bytes (default {DEFAULT_TOLERANCE})")
+    parser.add_argument("--activation-tolerance", type=float, default=ACTIVATION_TOLERANCE,
+                        help=f"relative, on saved activation bytes (default {ACTIVATION_TOLERANCE})")
+    parser.add_argument("--all-micro-batches", action="store_true",
+                        help="run every micro-batch of the step, not only the fewest that run every schedule phase")
+    opts, overrides = parser.parse_known_args(argv)
+    load_recipes()
+    from megatron_sat.profiling.dry_run import dry_run_recipe
+
+    try:
+        report = dry_run_recipe(opts.recipe, overrides, nodes=opts.nodes, gpus_per_node=opts.gpus_per_node,
+                                gpu=opts.gpu, tolerance=opts.tolerance, activation_tolerance=opts.activation_tolerance,
+                                all_micro_batches=opts.all_micro_batches, log=lambda line: print(line, flush=True))
+    except ValueError as e:  # an unknown recipe, a flag the trainer's parser refuses
+        print(f"dry-run: error: {e}", file=sys.stderr)
+        return 2
+    print(report.format(roles=False))
+    if report.usage_error:
+        print(f"dry-run: error: {report.failure}", file=sys.stderr)
+        return 2
+    if not report.ok:
+        print(f"dry-run: FAILED: {report.failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
