@@ -26,10 +26,10 @@ import sysconfig
 import zipfile
 
 import pytest
-from slurm_cluster import SlurmCluster
-from test_slurm import _start
+import test_slurm_multinode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+cluster = test_slurm_multinode.cluster  # the fixture: a local Slurm of two nodes, n1 and n2 (module-scoped)
 # where each source folder lands in the wheel, and which of its files the package needs
 LAYOUT = {"megatron_sat": "megatron_sat", "recipes": "recipes", "tools": "megatron_sat_tools",
           "slurm": "megatron_sat_tools/slurm"}
@@ -161,15 +161,6 @@ def walkthrough_block() -> str:
     m = re.compile(r"```bash\n(.*?)\n```", re.S).search(text, marker)
     assert m, "README.md: no bash block after the walkthrough marker"
     return m.group(1)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = _start(SlurmCluster(nodes=2))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def test_readme_cluster_walkthrough_as_written(cluster, wheel_venv, tmp_path):
