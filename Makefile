@@ -35,7 +35,7 @@ lint: venv
 	$(VPY) -m ruff check .
 
 test: venv lint
-	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --durations=15 tests $(PYTEST_ARGS)
 
 demo: venv
 	$(VPY) -m megatron_sat.train --recipe demo
