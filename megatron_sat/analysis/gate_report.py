@@ -79,7 +79,8 @@ def default_documents(fraction: float = 0.05) -> List[str]:
 
 
 def read_documents(paths: Sequence[str], text_key: str = "text") -> List[str]:
-    from megatron_sat.data.readers import expand_inputs, iter_documents
+    from megatron_sat.data.encode import iter_documents
+    from megatron_sat.data.readers import expand_inputs
 
     try:
         return [doc for path in expand_inputs(paths) for doc in iter_documents(path, json_key=text_key)]

@@ -23,7 +23,7 @@ _WHERE = {
     "CorpusInfo": "corpus", "default_corpus_documents": "corpus", "write_default_corpus": "corpus",
     "PreprocessError": "preprocess", "PreprocessResult": "preprocess", "preprocess": "preprocess",
     "read_documents": "preprocess",
-    "InputError": "readers", "expand_inputs": "readers", "iter_documents": "readers",
+    "InputError": "readers", "expand_inputs": "readers", "iter_documents": "encode",
     "merge_datasets": "shards", "preprocess_shards": "shards", "shard_prefixes": "shards", "write_blend": "shards",
     "NullTokenizer": "tokenizer", "Tokenizer": "tokenizer", "load_tokenizer": "tokenizer",
     "train_bpe_tokenizer": "tokenizer",

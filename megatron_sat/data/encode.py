@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 from itertools import chain
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy
 
-from megatron_sat.data.readers import Block, read_block
+from megatron_sat.data.readers import Block, InputError, iter_chunks, read_block
 
 _STATE: dict = {}
 
@@ -103,6 +103,16 @@ def decode_chunk(chunk, json_key: str) -> Tuple[List[str], List[str]]:
     """(texts in order, "file:line: reason" of each bad document) of a chunk (readers.Chunk)."""
     texts, bad = _decode(chunk, json_key)
     return texts, [f"{chunk.location(i)}: {reason}" for i, reason in bad]
+
+
+def iter_documents(path: str, json_key: str = "text", txt_mode: str = "file", hf_split: str = "train") -> Iterator[str]:
+    """The document texts of one source (streamed by readers.iter_chunks), in order (empty ones included);
+    InputError at the first bad one."""
+    for chunk in iter_chunks(path, json_key=json_key, txt_mode=txt_mode, hf_split=hf_split):
+        texts, bad = decode_chunk(chunk, json_key)
+        if bad:
+            raise InputError(bad[0])
+        yield from texts
 
 
 def encode_texts(texts: List[str]) -> List[List[int]]:

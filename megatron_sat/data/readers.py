@@ -268,17 +268,6 @@ def source_size(source: str) -> Optional[int]:
 # ----------------------------------------------------------------------------------------------
 
 
-def iter_documents(path: str, json_key: str = "text", txt_mode: str = "file", hf_split: str = "train") -> Iterator[str]:
-    """The document texts of one source, in order (empty ones included); ValueError at the first bad one."""
-    from megatron_sat.data.encode import decode_chunk
-
-    for chunk in iter_chunks(path, json_key=json_key, txt_mode=txt_mode, hf_split=hf_split):
-        texts, bad = decode_chunk(chunk, json_key)
-        if bad:
-            raise InputError(bad[0])
-        yield from texts
-
-
 def iter_chunks(source: str, json_key: str = "text", txt_mode: str = "file", hf_split: str = "train",
                 chunk_docs: int = CHUNK_DOCS) -> Iterator[Chunk]:
     """Stream one source as chunks (see module docstring); InputError when it is unreadable or has no documents."""

@@ -27,7 +27,8 @@ import sys
 from collections import OrderedDict
 from typing import Iterable, List, Optional, Sequence
 
-from megatron_sat.data.readers import expand_inputs, hub_reachable, iter_documents
+from megatron_sat.data.encode import iter_documents
+from megatron_sat.data.readers import expand_inputs, hub_reachable
 
 EOD_TOKEN = "<|endoftext|>"
 # Tried in order when a bare tokenizers JSON file gives no end-of-document token.
