@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from megatron_sat.archs import ARCHS, muddformer_ffn_width
+from megatron_sat.archs import ARCHS, VALUE_RESIDUAL, ffn_size
 
 CONVERTIBLE = ARCHS  # every arch has an HF format
 # the SATFormer authors' model_type and class-name prefix of each arch exported with remote code
@@ -42,7 +42,6 @@ HF_MODEL_TYPES = {"satformer": "SATFormer", "resformer": "ResFormer", "transform
                   "hyperconnections": "dhc", "denseformer": "denseformer", "muddformer": "muddformer"}
 HF_CLASSES = {"satformer": "SATFormer", "resformer": "ResFormer", "hyperconnections": "HyperConnections",
               "denseformer": "DenseFormer", "muddformer": "MUDDFormer"}
-VALUE_RESIDUAL = ("satformer", "resformer")
 HC_NAMES = {"static_alpha": "static_alpha", "static_beta": "static_beta", "norm.weight": "norm.weight",
             "dynamic_alpha": "dynamic_alpha_proj", "dynamic_beta": "dynamic_beta_proj",
             "dynamic_alpha_scale": "dynamic_alpha_scale", "dynamic_beta_scale": "dynamic_beta_scale"}
@@ -100,9 +99,7 @@ class ModelSpec:
 
     def ffn(self, layer_number: int) -> int:
         """FFN width of 1-based layer_number (MUDDFormer's vary with depth)."""
-        if self.arch != "muddformer":
-            return self.ffn_hidden_size
-        return muddformer_ffn_width(self.ffn_hidden_size, self.num_layers, layer_number, self.muddformer_param_realloc)
+        return ffn_size(self, layer_number)
 
     def to_dict(self) -> dict:
         return asdict(self)
