@@ -11,6 +11,7 @@ tools and the model config all read the same facts:
     GATE_IMPLS          how the gate is computed: fused into linear_qkv (default) or its own GEMM
     arch_label(...)     'satformer:separate' -> ('satformer', {'value_residual_gate_impl': 'separate'}): the
                         profilers' labels for one arch two ways in one run (also ARCH:dot_product)
+    mixing_layers(...)  the layers that mix V1 (the model, parameter counts, FLOPs, the HF conversion)
     ffn_size(...)       a layer's FFN width (MUDDFormer's vary with depth): the model, parameter counts,
                         FLOPs, the planner and the HF conversion
     arch_errors(...)    what an arch refuses, one line each: the trainer's flags and the model config both
@@ -61,6 +62,15 @@ def arch_label_errors(labels) -> List[str]:
         except ValueError as e:
             errors.append(str(e))
     return errors
+
+
+def mixing_layers(config) -> List[int]:
+    """1-based numbers of the layers that mix V1 in a model described by SATConfig's field names: layers 2..L, or
+    the last k with value_residual_last_k = k; none for an arch without a value residual (layer 1 produces V1)."""
+    if config.arch not in VALUE_RESIDUAL:
+        return []
+    k = config.value_residual_last_k
+    return list(range(2 if k is None else config.num_layers - k + 1, config.num_layers + 1))
 
 
 def ffn_size(config, layer_number: int) -> int:

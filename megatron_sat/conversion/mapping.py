@@ -22,7 +22,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from megatron_sat.archs import ARCHS, VALUE_RESIDUAL, ffn_size
+from megatron_sat.archs import ARCHS, ffn_size
+from megatron_sat.archs import mixing_layers as archs_mixing_layers
 
 CONVERTIBLE = ARCHS  # every arch has an HF format
 # the SATFormer authors' model_type and class-name prefix of each arch exported with remote code
@@ -80,10 +81,7 @@ class ModelSpec:
     @property
     def mixing_layers(self) -> list:
         """1-based layers that mix V1 (as SATConfig.mixing_layers)."""
-        if self.arch not in VALUE_RESIDUAL:
-            return []
-        k = self.value_residual_last_k
-        return list(range(2 if k is None else self.num_layers - k + 1, self.num_layers + 1))
+        return archs_mixing_layers(self)
 
     def ffn(self, layer_number: int) -> int:
         """FFN width of 1-based layer_number (MUDDFormer's vary with depth)."""

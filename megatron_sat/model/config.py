@@ -25,6 +25,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
 from megatron_sat.archs import DENSE, GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, VALUE_RESIDUAL, arch_errors
+from megatron_sat.archs import mixing_layers as archs_mixing_layers
 from megatron_sat.model.fused_gate import applies as fused_gate_applies
 
 
@@ -139,10 +140,7 @@ class SATConfig(TransformerConfig):
     @property
     def mixing_layers(self) -> list:
         """Global 1-based numbers of the layers that mix V1 into their values."""
-        if not self.uses_value_residual:
-            return []
-        first = 2 if self.value_residual_last_k is None else self.num_layers - self.value_residual_last_k + 1
-        return list(range(first, self.num_layers + 1))
+        return archs_mixing_layers(self)
 
     @property
     def v1_channels(self) -> int:

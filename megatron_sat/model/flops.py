@@ -31,17 +31,10 @@ Norms, RoPE, softmax and the loss are left out, as in the usual MFU conventions.
 
 from typing import Optional
 
-from megatron_sat.archs import VALUE_RESIDUAL, ffn_size
+from megatron_sat.archs import ffn_size, mixing_layers
 
 # dense bf16 peak per device (no sparsity)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
-
-
-def _mixing_layers(cfg) -> int:
-    if getattr(cfg, "arch", "transformer") not in VALUE_RESIDUAL:
-        return 0
-    k = getattr(cfg, "value_residual_last_k", None)
-    return cfg.num_layers - 1 if k is None else k
 
 
 def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = None) -> dict:
@@ -53,7 +46,7 @@ def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = N
     d = getattr(cfg, "kv_channels", None) or h // nh
     f = getattr(cfg, "ffn_hidden_size", None) or 4 * h
     mlp_mats = 3 if getattr(cfg, "gated_linear_unit", True) else 2
-    m = _mixing_layers(cfg)
+    m = len(mixing_layers(cfg))
     out = dict(
         qkv=L * 2 * h * d * (nh + 2 * ng),
         attention=L * 4 * seq_length * nh * d,
