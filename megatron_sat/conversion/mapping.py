@@ -220,8 +220,8 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
 # the weight-name table: names and shapes on both sides, written once; shapes, export and import read it
 # ------------------------------------------------------------------------------------------------
 
-# (Megatron name, HF name, Megatron shape, HF shape, which models have it) of the model-wide tensors, and the same
-# plus the transform for the tensors of every layer i (Megatron's under decoder.layers.{i}., HF's under
+# (Megatron name, HF name, Megatron shape, HF shape, transform, which models have it) of the model-wide tensors, and
+# of the tensors of every layer i (Megatron's under decoder.layers.{i}., HF's under
 # model.layers.{i}.). {emb}, {attn}, {ln1}, {ln2}: the arch's HF module names (_hf_names). Shapes in the dims of
 # weight_table: h hidden, hn head dim, q = nq hn, kv = ng hn, qkv = (nq + 2 ng) hn, ng KV heads, f the layer's
 # FFN width, V vocabulary, L-1 layers after the first; digits as written.
@@ -230,11 +230,11 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
 # The two transforms join several HF tensors into one Megatron tensor, in table order: 'qkv' (per KV group its q
 # heads, k and v: Megatron's fused layout) and 'fc1' ([gate; up]); every other tensor moves as it is, reshaped.
 MODEL_WEIGHTS = (
-    ("embedding.word_embeddings.weight", "{emb}", "V h", "V h", "all"),
-    ("decoder.final_layernorm.weight", "model.norm.weight", "h", "h", "all"),
-    ("output_layer.weight", "lm_head.weight", "V h", "V h", "untied"),
-    ("value_residual_lambdas.logits", "model.lambda_manager.lambda_logits", "L-1", "L-1", "resformer"),
-    ("value_residual_lambdas.scale", "model.lambda_manager.lambda_scale", "1", "", "resformer"),
+    ("embedding.word_embeddings.weight", "{emb}", "V h", "V h", None, "all"),
+    ("decoder.final_layernorm.weight", "model.norm.weight", "h", "h", None, "all"),
+    ("output_layer.weight", "lm_head.weight", "V h", "V h", None, "untied"),
+    ("value_residual_lambdas.logits", "model.lambda_manager.lambda_logits", "L-1", "L-1", None, "resformer"),
+    ("value_residual_lambdas.scale", "model.lambda_manager.lambda_scale", "1", "", None, "resformer"),
 )
 LAYER_WEIGHTS = (
     ("input_layernorm.weight", "{ln1}.weight", "h", "h", None, "all"),
@@ -299,7 +299,7 @@ def weight_table(spec: ModelSpec) -> List[Tuple[Optional[str], str, tuple, tuple
         meg = None if hf_only and which.startswith("resformer") else meg
         return meg, hf.format(**names), shape(meg_shape), shape(hf_shape), transform
 
-    rows = [row(*r[:4], None, r[4]) for r in MODEL_WEIGHTS if _has(r[4], spec)]
+    rows = [row(*r) for r in MODEL_WEIGHTS if _has(r[-1], spec)]
     for i in range(spec.num_layers):
         dims.update({"f": spec.ffn(i + 1), "2f": 2 * spec.ffn(i + 1)})
         rows += [row(f"decoder.layers.{i}." + meg, f"model.layers.{i}." + hf, *rest)
