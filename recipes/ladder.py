@@ -17,9 +17,9 @@ Narrower shapes (d_model 32) were tried and dropped: at this budget they end whe
 
 from functools import partial
 
+from megatron_sat.archs import ARCHS
 from recipes import base, model, register
 
-ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 LADDER = {  # name: (shape, peak lr); head dim 32 throughout
     "ladder1": (dict(num_layers=2, hidden_size=64, num_attention_heads=2, num_query_groups=2, ffn_hidden_size=192), 4e-3),
     "ladder2": (dict(num_layers=3, hidden_size=128, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=384),

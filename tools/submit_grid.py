@@ -133,7 +133,7 @@ def _hours(h):
 
 def build(opts, trainer_flags):
     """Grid entries with plans and run names, and the array groups."""
-    from megatron_sat.training.arguments import arch_errors
+    from megatron_sat.training.arguments import arch_flag_errors
     from megatron_sat.training.planner import make_plan
 
     rows = []
@@ -146,7 +146,7 @@ def build(opts, trainer_flags):
                 c[key] = getattr(opts, key)
         plan = make_plan(args, recipe=e["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"],
                          mfu=opts.mfu)
-        plan.errors += arch_errors(args)  # e.g. full recompute with a dense arch (the planner does not build it)
+        plan.errors += arch_flag_errors(args)  # e.g. full recompute with a dense arch (the planner does not build it)
         rows.append(dict(e, flags=flags, name=name, cluster=c, plan=plan, args=args))
     groups = {}
     for r in rows:

@@ -390,7 +390,7 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
 
 def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
     """Every problem of the resolved arguments, one line each (megatron is not imported)."""
-    errors = arch_errors(args)
+    errors = arch_flag_errors(args)
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
         errors.append(f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}")
@@ -536,8 +536,9 @@ def same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def arch_errors(args: argparse.Namespace) -> List[str]:
-    """What the chosen arch refuses (megatron_sat/archs.py; the model config raises the same)."""
+def arch_flag_errors(args: argparse.Namespace) -> List[str]:
+    """What the chosen arch refuses of these flags (megatron_sat.archs.arch_errors; the model config raises the same,
+    naming its fields)."""
     return archs.arch_errors(args.arch, fp8=args.fp8_format, recompute_granularity=args.recompute_granularity,
                              hc_expansion_rate=args.hc_expansion_rate, value_residual_gate=args.value_residual_gate,
                              resformer_lambdas=args.resformer_lambdas,

@@ -86,6 +86,8 @@ GPU time: FLOPs per token from megatron_sat.model.flops (3 x forward, attention 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from megatron_sat.archs import ffn_size
+
 GIB = 1024 ** 3
 GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100": 80.0, "cpu": None}
 USABLE_FRACTION = 0.9
@@ -285,21 +287,13 @@ def _chunk_layers(num_layers: int, chunks: int) -> List[range]:
     return [range(bounds[c] + 1, bounds[c + 1] + 1) for c in range(chunks)]
 
 
-def _ffn_size(cfg, layer: int) -> int:
-    if cfg.arch == "muddformer":
-        from megatron_sat.model.config import muddformer_ffn_size
-
-        return muddformer_ffn_size(cfg, layer)
-    return cfg.ffn_hidden_size
-
-
 def _layer_params(cfg, layer: int, t: int) -> Tuple[float, float]:
     """(TP-sharded over all TP ranks, replicated on each) parameters of global layer `layer`, exactly as built
     (megatron_sat.model.sizes.count_parameters, layer by layer: which layers mix V1, depth-grown connections)."""
     from megatron_sat.model import fused_gate
 
     h, hn, nq, ng = cfg.hidden_size, cfg.kv_channels, cfg.num_attention_heads, cfg.num_query_groups
-    sharded = h * (nq + 2 * ng) * hn + nq * hn * h + h * _ffn_size(cfg, layer) * (3 if cfg.gated_linear_unit else 2)
+    sharded = h * (nq + 2 * ng) * hn + nq * hn * h + h * ffn_size(cfg, layer) * (3 if cfg.gated_linear_unit else 2)
     replicated = 2 * h + (2 * hn if cfg.qk_layernorm else 0)  # input and pre-MLP norms, q and k norms
     mixes = layer in cfg.mixing_layers
     if cfg.arch == "satformer" and mixes:
@@ -444,7 +438,7 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     fused = cfg.arch == "satformer" and fused_gate.applies(cfg, t)
 
     def block(layer: int, with_scores: bool) -> float:  # one layer's saved bytes, the Transformer block's part
-        mlp = norm(sbh / sp_div, s * b / sp_div) + act * (sbh / sp_div + swiglu * s * b * _ffn_size(cfg, layer) / t)
+        mlp = norm(sbh / sp_div, s * b / sp_div) + act * (sbh / sp_div + swiglu * s * b * ffn_size(cfg, layer) / t)
         own = attn - (act * s * b * (a + g) * d / t if local and fused and layer in cfg.mixing_layers else 0.0)
         return own + mlp + extra + (scores if with_scores else 0.0)
 
