@@ -11,7 +11,7 @@ Three shapes, width and depth growing together (d_model 64 -> 128 -> 192, 2 -> 3
 training split) and the paper's schedule shape (AdamW 0.9/0.95, wd 0.1, clip 1, warmup then cosine to 0.1 lr), the
 peak lr falling with size as in the paper's grid. The validation set (4 x 32 sequences, the same for every run
 and seed: megatron_sat/training/data.py) is scored every 25 steps and at the end. Sized for 2 idle cores: about
-0.5, 1 and 1.5 minutes per run; the loss falls clearly with size (README, "A scaling ladder on one CPU").
+0.5, 1 and 1.5 minutes per run; the loss falls clearly with size (docs/sweeps.md, "A scaling ladder on one CPU").
 Narrower shapes (d_model 32) were tried and dropped: at this budget they end where d_model 64 does.
 """
 
