@@ -46,6 +46,9 @@ sys.path.insert(0, ROOT)
 
 from megatron_sat.archs import ARCHS  # (import-free: the help and the parser need no megatron)
 
+# The rest of the library (torch, megatron: profiling/settings.py, throughput.py, report.py) is imported inside the
+# functions main calls once the command line is parsed, so that --help answers at once.
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,7 +154,7 @@ def _in_job(spec: dict):
 def main(argv=None) -> int:
     parser = build_parser()
     options = parser.parse_args(argv)
-    from megatron_sat.profiling import settings as resolution  # after parsing: --help needs no megatron
+    from megatron_sat.profiling import settings as resolution
 
     try:
         settings = resolution.resolve(options)
