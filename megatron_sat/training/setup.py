@@ -23,7 +23,7 @@ from megatron_sat.training import schedule
 from megatron_sat.training.arguments import model_config_fields
 
 
-class Precision(NamedTuple):
+class PrecisionAndLayout(NamedTuple):
     """What --bf16, --use-distributed-optimizer and the layout flags resolve to."""
 
     bf16: bool
@@ -32,7 +32,7 @@ class Precision(NamedTuple):
     layout: Layout
 
 
-def precision_and_layout(args: argparse.Namespace, gpu: Optional[bool] = None) -> Precision:
+def precision_and_layout(args: argparse.Namespace, gpu: Optional[bool] = None) -> PrecisionAndLayout:
     """--bf16 and --use-distributed-optimizer (default: on with a GPU, off on CPU) and the parallel layout.
     gpu: whether the run is on GPUs (default: whether this process sees one; the planner passes its target's)."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
@@ -41,7 +41,7 @@ def precision_and_layout(args: argparse.Namespace, gpu: Optional[bool] = None) -
     layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                     vpp=args.num_virtual_stages_per_pipeline_rank, cp=args.context_parallel_size,
                     sp=args.sequence_parallel)
-    return Precision(bf16, dist_opt, torch.bfloat16 if bf16 else torch.float32, layout)
+    return PrecisionAndLayout(bf16, dist_opt, torch.bfloat16 if bf16 else torch.float32, layout)
 
 
 def recompute_fields(args: argparse.Namespace) -> dict:
