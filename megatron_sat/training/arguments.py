@@ -562,8 +562,8 @@ MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_gate_impl", "value_r
 
 
 def model_config_fields(args: argparse.Namespace) -> dict:
-    """The arch switches of SATConfig from parsed trainer arguments (every tool that turns arguments into a
-    model config passes these, so a new flag reaches all of them)."""
+    """The arch switches of SATConfig from parsed trainer arguments (training/setup.py's model_config, through
+    which every tool turns arguments into a model config, passes these: a new flag reaches all of them)."""
     return {k: getattr(args, k) for k in MODEL_CONFIG_KEYS}
 
 
