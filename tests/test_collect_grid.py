@@ -382,6 +382,32 @@ def test_fit_recovers_known_law_and_compute_multiplier():
     assert [m for m, _ in measured] == pytest.approx([3.0] * 3, rel=1e-9) and not any(e for _, e in measured)
 
 
+def test_fits_are_of_the_mean_over_seeds_whose_losses_differ():
+    """Two seeds per scale on either side of a known law by offsets that change from scale to scale: the fit of the
+    means recovers the law exactly, the fit of either seed alone does not (so fitting one seed instead of the mean
+    fails), through scaling.fit_with_bootstrap and through grid_table.summarize."""
+    import numpy as np
+
+    from megatron_sat.analysis import grid_table, scaling
+
+    law = (1.8, 400.0, 0.34)
+    n = np.array([1e6, 3e6, 1e7, 3e7, 1e8])
+    offsets = np.array([0.08, -0.05, 0.10, -0.07, 0.06])
+    truth = law[0] + law[1] * n ** -law[2]
+    points = {float(x): [t + d, t - d] for x, t, d in zip(n, truth, offsets)}
+    fit = scaling.fit_with_bootstrap(points, samples=50)
+    assert (fit["E"], fit["A"], fit["alpha"]) == pytest.approx(law, rel=1e-5), fit
+    for seed in (0, 1):  # each seed alone is far from the law: the test above tells the mean from one seed
+        alone = scaling.fit_power_law(n, [points[float(x)][seed] for x in n])
+        assert abs(alone["alpha"] - law[2]) > 0.01 or abs(alone["E"] - law[0]) > 0.01, alone
+    assert fit["seeds"] == {str(float(x)): 2 for x in n} and fit["bootstrap"]["alpha"]["sd"] > 0
+    rows = _synthetic_rows({("transformer", f"s{int(x)}"): points[float(x)] for x in n})
+    summary = grid_table.summarize(rows, fit_params="params", bootstrap=0)
+    fitted = summary["fits"]["transformer"]["params"]
+    assert (fitted["E"], fitted["A"], fitted["alpha"]) == pytest.approx(law, rel=1e-5), fitted
+    assert [summary["cells"]["transformer"][f"s{int(x)}"]["mean"] for x in n] == pytest.approx(truth, rel=1e-12)
+
+
 def _synthetic_rows(losses: dict, flops: dict = None) -> list:
     """Grid rows of complete runs: {(arch, scale): [final loss per seed]} (scale names sort by their size)."""
     rows = []
