@@ -17,7 +17,7 @@
     and reason in --status and grid.csv; without accounting, --status says so;
   * the fits recover E, A, alpha and a compute multiplier from points made with known values;
   * validation samples do not depend on --seed, training batches do (the dataset builder).
-Skipped (with the reason) only when Slurm is absent and cannot be installed (the Slurm test alone).
+The Slurm tests skip (with the reason, naming `make slurm`) only when Slurm is not installed; CI fails instead.
 """
 
 import csv
@@ -113,6 +113,8 @@ def submit(cluster, site, archs, seeds, *flags, env_extra=None):  # noqa: F811
     return re.search(r"submitted array job (\d+)", proc.stdout).group(1)
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_sweep_through_slurm_is_collected(cluster, site, tmp_path):  # noqa: F811
     t0 = time.time()
     jobs = [submit(cluster, site, "transformer,satformer", "1,2"),
@@ -189,6 +191,7 @@ def _line(table, run):
     return next(line for line in table.splitlines() if line.startswith(run + " "))
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_running_killed_and_resumed_run(local_run):
     running = _line(local_run["running"], "live")
     assert re.search(r"\brunning\s+\d+/2000\s+\d+m\d\ds\s+\d+\.\d{4}", running), local_run["running"]
@@ -204,6 +207,7 @@ def test_running_killed_and_resumed_run(local_run):
     assert re.search(r"\bstopped\b", _line(collect(local_run["runs"], "--status").stdout, "live"))
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_other_data_is_flagged_and_kept_apart(local_run, tmp_path):
     runs = tmp_path / "runs"
     for name, seed in (("a", 1), ("b", 2), ("c", 3)):
@@ -226,6 +230,7 @@ def test_other_data_is_flagged_and_kept_apart(local_run, tmp_path):
     assert "## Runs on other data (kept apart)" in table and "| c | transformer | debug | 3 |" in table
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_bad_input_exits_2_naming_the_file_and_writes_nothing(local_run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -251,6 +256,7 @@ def test_bad_input_exits_2_naming_the_file_and_writes_nothing(local_run, tmp_pat
     assert "lies inside RUNS_DIR" in err
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_wandb_summary_run_and_the_trainers_group(local_run, tmp_path, monkeypatch):
     out = tmp_path / "out"
     log = collect(local_run["runs"], "--out", out, "--wandb", env=dict(os.environ, WANDB_MODE="offline")).stderr
@@ -282,6 +288,8 @@ def _sbatch_trainer(cluster, folder, *flags, sbatch=()):  # noqa: F811
                           env=train_cli.env())
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_slurm_final_states_of_a_timeout_a_cancel_and_a_dead_node(cluster, local_run, tmp_path,  # noqa: F811
                                                                   monkeypatch):
     runs = tmp_path / "runs"
@@ -519,6 +527,7 @@ def test_ladder_recipes_grow_and_share_everything_else():
         assert all(r["arch"] == arch and r["hidden_size"] // r["num_attention_heads"] == 32 for r in ladder)
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_eval_scores_become_columns_and_suite_tables(local_run, tmp_path):
     """A tools/evaluate.py results.json inside a run folder (written by evaluation.write_results from lm-eval's
     result layout) gives one column per task and the suite tables."""

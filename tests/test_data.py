@@ -461,6 +461,7 @@ def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
     assert open(out + ".bin", "rb").read() == before
 
 
+@pytest.mark.slow  # a trainer run
 def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, capsys):
     """--train-data-path / --valid-data-path (Megatron-LM's names) instead of --data-path + --split: the run trains
     on one dataset, validates on the other, and config.json records both."""
@@ -495,6 +496,7 @@ def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, c
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow  # the preprocessing benchmark tool
 def test_benchmark_tool_without_megatron_lm(workdir, tokenizer, tmp_path, capsys):
     """tools/benchmark_preprocess.py runs this project's side and says the comparison was skipped."""
     import runpy

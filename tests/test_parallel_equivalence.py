@@ -48,6 +48,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # multi-process: every layout on 4 gloo ranks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "equivalence.py")
 LOSS_RTOL, GRAD_RTOL, PARAM_RTOL = 1e-5, 1e-10, 5e-3
