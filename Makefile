@@ -1,5 +1,7 @@
 # megatron-sat developer targets.  `make venv` builds .venv (fast on re-runs: a stamp file), `make test` runs the
-# linter (`make lint`, ruff, a second) and the test suite, `make demo` runs the demo recipe, `make clean` removes build outputs.
+# linter (`make lint`, ruff, a second) and the whole test suite (what CI runs), `make test-fast` the linter and the
+# tests not marked slow (the edit-run loop), `make slurm` installs the local Slurm the Slurm tests start (Debian,
+# root; nothing when installed), `make demo` runs the demo recipe, `make clean` removes build outputs.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -19,7 +21,7 @@ export PIP_NO_INPUT := 1
 export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: venv test lint demo clean gpu-wheels
+.PHONY: venv test test-fast lint slurm demo clean gpu-wheels
 
 venv: $(STAMP)
 
@@ -36,6 +38,24 @@ lint: venv
 
 test: venv lint
 	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --durations=15 tests $(PYTEST_ARGS)
+
+# everything but the tests marked slow (multi-process, Slurm, faults, conversion, trainer runs): a few minutes
+test-fast: venv lint
+	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --durations=10 -m "not slow" tests $(PYTEST_ARGS)
+
+# Debian's Slurm 22.05 and munge for tests/slurm_cluster.py, and slurmdbd + MariaDB for its accounting cluster
+# (sacct). Idempotent: apt-get runs only when a binary is missing. The tests never install anything.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmdbd mariadb-server mariadb-client
+SLURM_BINARIES := slurmctld slurmd sbatch munged slurmdbd mariadbd mariadb
+APT := apt-get -q -o DPkg::Lock::Timeout=300
+slurm:
+	@missing=; for b in $(SLURM_BINARIES); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	if [ -z "$$missing" ]; then echo "make slurm: Slurm, munge, slurmdbd and MariaDB are installed"; exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "make slurm:$$missing missing; installing $(SLURM_PACKAGES) needs root and apt-get (Debian)" >&2; exit 2; fi; \
+	echo "make slurm:$$missing missing: apt-get install $(SLURM_PACKAGES)"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$(APT) update && $(APT) install -y --no-install-recommends $(SLURM_PACKAGES)
 
 demo: venv
 	$(VPY) -m megatron_sat.train --recipe demo

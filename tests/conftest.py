@@ -2,7 +2,8 @@
 
 - puts tests/ on sys.path so test modules can ``from dist_utils import run_distributed, init_megatron``
   (multi-process gloo/NCCL launcher; see tests/dist_utils.py);
-- marker ``gpu``: tests that need CUDA are skipped on CPU-only machines;
+- markers (registered in pyproject.toml): ``slow`` (left out by ``make test-fast``), ``slurm`` (a local Slurm:
+  tests/slurm_cluster.py skips without one, naming ``make slurm``), ``gpu`` (skipped here on CPU-only machines);
 - fixture ``site``: a CPU site file for the Slurm scripts (tests/test_slurm*.py, tests/test_collect_grid.py).
 """
 
@@ -10,6 +11,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(_HERE)
@@ -17,13 +19,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
-
-
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

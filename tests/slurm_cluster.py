@@ -1,7 +1,7 @@
 """A private single-node Slurm cluster for tests: Debian's munge, slurmctld and slurmd under a temp folder.
 
     from slurm_cluster import SlurmCluster
-    with SlurmCluster() as cluster:                 # installs the Debian packages when absent (root)
+    with SlurmCluster() as cluster:                 # SlurmUnavailable when absent: `make slurm` installs it
         job = cluster.sbatch(["--ntasks=2", "--wrap", "srun hostname"], cwd="/tmp")
         assert cluster.wait(job) == "COMPLETED"
 
@@ -14,8 +14,10 @@ Standalone (start, print how to use it, stop on Enter):
     .venv/bin/python tests/slurm_cluster.py
 
 What it does (Slurm 22.05 from Debian, set up by hand without systemd):
-  * `apt-get install slurmctld slurmd slurm-client munge` only when a binary is missing; raises
-    SlurmUnavailable (tests skip with its reason) only when apt-get cannot reach the package registry.
+  * installs nothing: `make slurm` (idempotent, root, apt-get; .ci/run calls it before `make test`) installs
+    slurmctld, slurmd, slurm-client, munge and, for accounting, slurmdbd, mariadb-server and mariadb-client. When
+    a binary is missing, start() raises SlurmUnavailable naming it and `make slurm` (the Slurm tests skip with
+    that reason), or, with MSAT_REQUIRE_SLURM=1 (set by .ci/run: in CI they must run), a RuntimeError.
   * munged runs as the munge user with its own key, socket, pid, log and seed files in ROOT/munge; Slurm
     is pointed at that socket (AuthInfo=socket=...), so a system munged (if any) is neither used nor touched.
   * slurmctld and slurmd run in the foreground (-D) as our children with SLURM_CONF=ROOT/slurm.conf, on free
@@ -24,8 +26,8 @@ What it does (Slurm 22.05 from Debian, set up by hand without systemd):
     partition `debug`; cred_expire=10 and sched_interval=2 so that a requeued job starts again after ~10 s
     (Slurm's default holds it 120 s). By default no accounting (no sacct): job states come from `scontrol show job`.
   * SlurmCluster(accounting=True): `sacct` works. Slurm 22.05 keeps accounting only through slurmdbd and a
-    MySQL/MariaDB server (its text-file accounting plugin is gone), so the harness also installs Debian's
-    slurmdbd and mariadb-server (when absent) and starts, as our children on free 127.0.0.1 ports, a private
+    MySQL/MariaDB server (its text-file accounting plugin is gone), so the harness also starts (Debian's
+    slurmdbd and mariadb-server, from `make slurm`), as our children on free 127.0.0.1 ports, a private
     mariadbd (empty data folder under ROOT, --skip-grant-tables: no users or passwords, reachable only from this
     machine, about 1 s to start) and slurmdbd (it creates its tables), registers the cluster with sacctmgr and
     points slurmctld at it (AccountingStorageType=accounting_storage/slurmdbd). About 5-10 s more start-up.
@@ -52,13 +54,10 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
             "PREEMPTED"}
 STUCK = {"PartitionConfig", "BadConstraints", "PartitionTimeLimit", "PartitionNodeLimit", "InvalidAccount",
          "InvalidQOS", "ReqNodeNotAvail", "JobHeldAdmin", "JobHeldUser", "DependencyNeverSatisfied"}
-_NETWORK_ERRORS = ("Temporary failure resolving", "Could not resolve", "Failed to fetch", "Unable to connect",
-                   "Connection failed", "Network is unreachable", "Unable to fetch some archives",
-                   "No route to host", "Connection timed out")
 
 
 class SlurmUnavailable(RuntimeError):
-    """Slurm is absent and cannot be installed because the package registry is unreachable (or not root)."""
+    """Slurm (or, for accounting, slurmdbd and MariaDB) is not installed here: `make slurm` installs it."""
 
 
 def _which(name: str) -> Optional[str]:
@@ -72,32 +71,18 @@ def _which(name: str) -> Optional[str]:
     return None
 
 
-def ensure_installed(log=print, accounting: bool = False) -> None:
-    """apt-get install the Debian Slurm and munge packages (and with accounting slurmdbd and MariaDB) whose
-    binaries are missing."""
+def check_installed(accounting: bool = False) -> None:
+    """SlurmUnavailable naming the missing binaries and `make slurm` (a RuntimeError instead when
+    MSAT_REQUIRE_SLURM=1, as in CI, where the Slurm tests must run, not skip)."""
     packages = dict(PACKAGES, **(ACCOUNTING_PACKAGES if accounting else {}))
-    missing = sorted({pkg for binary, pkg in packages.items() if _which(binary) is None})
+    missing = sorted(binary for binary in packages if _which(binary) is None)
     if not missing:
         return
-    if os.geteuid() != 0 or _which("apt-get") is None:
-        raise SlurmUnavailable(f"Slurm packages {missing} are absent and cannot be installed here "
-                               "(needs root and apt-get)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    log(f"slurm_cluster: installing {' '.join(missing)} with apt-get (once per machine) ...")
-    lock = ["-o", "DPkg::Lock::Timeout=300"]  # wait for another apt/dpkg instead of failing
-    update = subprocess.run(["apt-get", *lock, "update", "-q"], env=env, capture_output=True, text=True, timeout=600)
-    out = update.stdout + update.stderr
-    install = subprocess.run(["apt-get", *lock, "install", "-y", "-q", "--no-install-recommends", *missing], env=env,
-                             capture_output=True, text=True, timeout=1200)
-    out += install.stdout + install.stderr
-    if install.returncode != 0:
-        if any(marker in out for marker in _NETWORK_ERRORS):
-            raise SlurmUnavailable("apt-get cannot reach the Debian package registry to install "
-                                   f"{' '.join(missing)}:\n{out[-1500:]}")
-        raise RuntimeError(f"apt-get install {' '.join(missing)} failed (exit {install.returncode}):\n{out[-4000:]}")
-    still = sorted({pkg for binary, pkg in packages.items() if _which(binary) is None})
-    if still:
-        raise RuntimeError(f"apt-get installed the packages but {still} binaries are still missing:\n{out[-2000:]}")
+    message = (f"{', '.join(missing)} not installed (Debian packages "
+               f"{' '.join(sorted({packages[b] for b in missing}))}): run `make slurm` (root, apt-get)")
+    if os.environ.get("MSAT_REQUIRE_SLURM") == "1":
+        raise RuntimeError(f"MSAT_REQUIRE_SLURM=1 but {message}")
+    raise SlurmUnavailable(message)
 
 
 def _free_port() -> int:
@@ -155,7 +140,7 @@ class SlurmCluster:
         return env
 
     def start(self, timeout: float = 60.0) -> "SlurmCluster":
-        ensure_installed(self.log, accounting=self.accounting)
+        check_installed(accounting=self.accounting)
         if self.root is None:
             self.root = tempfile.mkdtemp(prefix="megatron-sat-slurm-")
         os.chmod(self.root, 0o755)  # the munge user must reach ROOT/munge

@@ -17,7 +17,7 @@
     and reason in --status and grid.csv; without accounting, --status says so;
   * the fits recover E, A, alpha and a compute multiplier from points made with known values;
   * validation samples do not depend on --seed, training batches do (the dataset builder).
-Skipped (with the reason) only when Slurm is absent and cannot be installed (the Slurm test alone).
+The Slurm tests skip (with the reason, naming `make slurm`) only when Slurm is not installed; CI fails instead.
 """
 
 import csv
@@ -113,6 +113,8 @@ def submit(cluster, site, archs, seeds, *flags, env_extra=None):  # noqa: F811
     return re.search(r"submitted array job (\d+)", proc.stdout).group(1)
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_sweep_through_slurm_is_collected(cluster, site, tmp_path):  # noqa: F811
     t0 = time.time()
     jobs = [submit(cluster, site, "transformer,satformer", "1,2"),
@@ -189,6 +191,7 @@ def _line(table, run):
     return next(line for line in table.splitlines() if line.startswith(run + " "))
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_running_killed_and_resumed_run(local_run):
     running = _line(local_run["running"], "live")
     assert re.search(r"\brunning\s+\d+/2000\s+\d+m\d\ds\s+\d+\.\d{4}", running), local_run["running"]
@@ -204,6 +207,7 @@ def test_running_killed_and_resumed_run(local_run):
     assert re.search(r"\bstopped\b", _line(collect(local_run["runs"], "--status").stdout, "live"))
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_other_data_is_flagged_and_kept_apart(local_run, tmp_path):
     runs = tmp_path / "runs"
     for name, seed in (("a", 1), ("b", 2), ("c", 3)):
@@ -226,6 +230,7 @@ def test_other_data_is_flagged_and_kept_apart(local_run, tmp_path):
     assert "## Runs on other data (kept apart)" in table and "| c | transformer | debug | 3 |" in table
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_bad_input_exits_2_naming_the_file_and_writes_nothing(local_run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -251,6 +256,7 @@ def test_bad_input_exits_2_naming_the_file_and_writes_nothing(local_run, tmp_pat
     assert "lies inside RUNS_DIR" in err
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_wandb_summary_run_and_the_trainers_group(local_run, tmp_path, monkeypatch):
     out = tmp_path / "out"
     log = collect(local_run["runs"], "--out", out, "--wandb", env=dict(os.environ, WANDB_MODE="offline")).stderr
@@ -282,6 +288,8 @@ def _sbatch_trainer(cluster, folder, *flags, sbatch=()):  # noqa: F811
                           env=train_cli.env())
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_slurm_final_states_of_a_timeout_a_cancel_and_a_dead_node(cluster, local_run, tmp_path,  # noqa: F811
                                                                   monkeypatch):
     runs = tmp_path / "runs"
@@ -380,6 +388,32 @@ def test_fit_recovers_known_law_and_compute_multiplier():
     measured = [scaling.multiplier_measured(list(zip(c, 50.0 * c ** -0.1)), 50.0 * (3 * x) ** -0.1, x)
                 for x in c[:3]]  # a pure power law is a straight line in log-log: interpolation is exact
     assert [m for m, _ in measured] == pytest.approx([3.0] * 3, rel=1e-9) and not any(e for _, e in measured)
+
+
+def test_fits_are_of_the_mean_over_seeds_whose_losses_differ():
+    """Two seeds per scale on either side of a known law by offsets that change from scale to scale: the fit of the
+    means recovers the law exactly, the fit of either seed alone does not (so fitting one seed instead of the mean
+    fails), through scaling.fit_with_bootstrap and through grid_table.summarize."""
+    import numpy as np
+
+    from megatron_sat.analysis import grid_table, scaling
+
+    law = (1.8, 400.0, 0.34)
+    n = np.array([1e6, 3e6, 1e7, 3e7, 1e8])
+    offsets = np.array([0.08, -0.05, 0.10, -0.07, 0.06])
+    truth = law[0] + law[1] * n ** -law[2]
+    points = {float(x): [t + d, t - d] for x, t, d in zip(n, truth, offsets)}
+    fit = scaling.fit_with_bootstrap(points, samples=50)
+    assert (fit["E"], fit["A"], fit["alpha"]) == pytest.approx(law, rel=1e-5), fit
+    for seed in (0, 1):  # each seed alone is far from the law: the test above tells the mean from one seed
+        alone = scaling.fit_power_law(n, [points[float(x)][seed] for x in n])
+        assert abs(alone["alpha"] - law[2]) > 0.01 or abs(alone["E"] - law[0]) > 0.01, alone
+    assert fit["seeds"] == {str(float(x)): 2 for x in n} and fit["bootstrap"]["alpha"]["sd"] > 0
+    rows = _synthetic_rows({("transformer", f"s{int(x)}"): points[float(x)] for x in n})
+    summary = grid_table.summarize(rows, fit_params="params", bootstrap=0)
+    fitted = summary["fits"]["transformer"]["params"]
+    assert (fitted["E"], fitted["A"], fitted["alpha"]) == pytest.approx(law, rel=1e-5), fitted
+    assert [summary["cells"]["transformer"][f"s{int(x)}"]["mean"] for x in n] == pytest.approx(truth, rel=1e-12)
 
 
 def _synthetic_rows(losses: dict, flops: dict = None) -> list:
@@ -493,6 +527,7 @@ def test_ladder_recipes_grow_and_share_everything_else():
         assert all(r["arch"] == arch and r["hidden_size"] // r["num_attention_heads"] == 32 for r in ladder)
 
 
+@pytest.mark.slow  # the local_run fixture: a trainer run
 def test_eval_scores_become_columns_and_suite_tables(local_run, tmp_path):
     """A tools/evaluate.py results.json inside a run folder (written by evaluation.write_results from lm-eval's
     result layout) gives one column per task and the suite tables."""

@@ -10,6 +10,10 @@ parallel state in between:
   6. dist_checkpointing save/load (torch_dist) of a sharded_state_dict, including TP=2 -> TP=1 resharding,
   7. get_forward_backward_func with PP=2 matching PP=1 (losses and gradients).
 On a GPU machine the same test runs with NCCL (the compat layer is then a no-op).
+
+megatron.core is imported inside the functions, not at the top: the ranks import this module before dist_utils
+calls compat.ensure_cpu_compat(), and megatron must be imported after it (test_scoped_to_megatron checks what the
+layer does to megatron's modules); importing it here would also load megatron into every pytest run of this file.
 """
 
 import os
@@ -19,7 +23,10 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 from dist_utils import DistributedTestError, init_megatron, run_distributed
+
+from megatron_sat import compat
 
 VOCAB, SEQ, MBS, HIDDEN, HEADS, LAYERS = 64, 8, 2, 32, 4, 2
 
@@ -28,8 +35,6 @@ VOCAB, SEQ, MBS, HIDDEN, HEADS, LAYERS = 64, 8, 2, 32, 4, 2
 # single-process checks
 # ---------------------------------------------------------------------------------------------------------------
 def test_api():
-    from megatron_sat import compat
-
     assert compat.ensure_cpu_compat() is (not torch.cuda.is_available())
     assert compat.ensure_cpu_compat() is (not torch.cuda.is_available())  # idempotent
     if torch.cuda.is_available():
@@ -41,8 +46,6 @@ def test_api():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
 def test_scoped_to_megatron():
     """torch as seen outside megatron.core is unchanged (except Tensor.cuda, which would raise anyway)."""
-    from megatron_sat import compat
-
     compat.ensure_cpu_compat()
     import megatron.core.tensor_parallel.layers as layers
 
@@ -80,8 +83,6 @@ def test_noop_on_gpu():
 
 
 def _failing_worker(bad_rank):
-    import torch.distributed as dist
-
     if dist.get_rank() == bad_rank:
         raise ValueError(f"deliberate failure in rank {bad_rank}")
     dist.barrier()  # the good rank blocks here until run_distributed kills it
@@ -131,8 +132,6 @@ def _batch(seed):
 
 
 def _dev():
-    from megatron_sat import compat
-
     return compat.device()
 
 
@@ -173,24 +172,14 @@ def _assert_close(a, b, what, atol=1e-5, rtol=1e-4):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the 2-rank worker
+# the 2-rank worker: one function per stage, each re-initializing megatron's parallel state for its layout
 # ---------------------------------------------------------------------------------------------------------------
-def _worker(ckpt_dir):
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
-    report = {"seconds": {}}
-    t0 = [time.perf_counter()]
-
-    def lap(name):
-        now = time.perf_counter()
-        report["seconds"][name] = round(now - t0[0], 2)
-        t0[0] = now
-
-    # 1 + 2: parallel state, RNG tracker, GPTModel forward/backward (TP=1, DP=2)
-    ps = init_megatron(tp=1, seed=1234)
+def _stage_gpt_and_recompute(report):
+    """1 + 2: parallel state, RNG tracker, GPTModel forward/backward (TP=1, DP=2); activation recomputation with
+    dropout replays the same (CPU-held) RNG streams. Returns the TP=1 reference (state, batch, loss, grads)."""
     from megatron.core import tensor_parallel
 
+    init_megatron(tp=1, seed=1234)
     tracker = tensor_parallel.get_cuda_rng_tracker()
     with tracker.fork():
         a = torch.rand(4)
@@ -206,8 +195,7 @@ def _worker(ckpt_dir):
     assert torch.isfinite(ref_loss) and all(g is not None for g in ref_grads.values())
     report["loss_tp1"] = ref_loss
 
-    # activation recomputation with dropout replays the same (CPU-held) RNG streams: identical grads
-    recompute_results = []
+    recompute_results = []  # identical grads with and without recomputation
     for recompute in (False, True):
         extra = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         m = _gpt(_config(hidden_dropout=0.2, attention_dropout=0.2, **(extra if recompute else {})))
@@ -222,33 +210,37 @@ def _worker(ckpt_dir):
     for n, g in recompute_results[0][1].items():
         _assert_close(recompute_results[1][1][n], g, f"recompute grad {n}", atol=1e-6)
     init_megatron(tp=1, seed=1234)
-    lap("1-2 init+gpt+recompute")
+    return ref_state, batch, ref_loss, ref_grads
 
-    # 3: TP=2 (plain and sequence-parallel) matches TP=1
-    for sp in (False, True):
-        init_megatron(tp=2, seed=1234)
-        tp_rank = ps.get_tensor_model_parallel_rank()
-        model = _gpt(_config(tensor_model_parallel_size=2, sequence_parallel=sp))
-        _load_tp_slices(model, ref_state, tp_rank, 2)
-        loss = _loss(model, batch)
-        loss.backward()
-        _assert_close(loss.detach(), ref_loss, f"TP=2 sp={sp} loss")
-        for n, p in model.named_parameters():
-            g = p.grad
-            if sp and getattr(p, "sequence_parallel", False):
-                g = g.clone()
-                dist.all_reduce(g, group=ps.get_tensor_model_parallel_group())
-            full = ref_grads[n]
-            if getattr(p, "tensor_model_parallel", False):
-                full = full.chunk(2, dim=p.partition_dim)[tp_rank]
-            _assert_close(g, full, f"TP=2 sp={sp} grad {n}")
-        report[f"tp2_sp{int(sp)}_ok"] = True
-        lap(f"3 tp2 sp={sp}")
 
-    # 4: DDP with DP=2 + finalize_model_grads; 5: optimizer
+def _stage_tensor_parallel(sp, ref_state, batch, ref_loss, ref_grads):
+    """3: TP=2 (plain or sequence-parallel) matches TP=1, loss and every gradient."""
+    ps = init_megatron(tp=2, seed=1234)
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    model = _gpt(_config(tensor_model_parallel_size=2, sequence_parallel=sp))
+    _load_tp_slices(model, ref_state, tp_rank, 2)
+    loss = _loss(model, batch)
+    loss.backward()
+    _assert_close(loss.detach(), ref_loss, f"TP=2 sp={sp} loss")
+    for n, p in model.named_parameters():
+        g = p.grad
+        if sp and getattr(p, "sequence_parallel", False):
+            g = g.clone()
+            dist.all_reduce(g, group=ps.get_tensor_model_parallel_group())
+        full = ref_grads[n]
+        if getattr(p, "tensor_model_parallel", False):
+            full = full.chunk(2, dim=p.partition_dim)[tp_rank]
+        _assert_close(g, full, f"TP=2 sp={sp} grad {n}")
+
+
+def _stage_ddp_and_optimizer(ref_state):
+    """4: DDP with DP=2 + finalize_model_grads (grads = mean over ranks); 5: get_megatron_optimizer with clip_grad
+    (exact with SGD), the distributed optimizer equal to the plain one (Adam). Returns the local TP=1 model whose
+    gradient is the mean over both ranks' batches (at the reference weights: the PP stage compares against it)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    rank = dist.get_rank()
     init_megatron(tp=1, seed=1234)
     batches = [_batch(200), _batch(201)]
     # reference: mean over the two ranks' batches, computed locally
@@ -297,13 +289,14 @@ def _worker(ckpt_dir):
         # lr=0.1: Adam's normalized update magnifies reduce-scatter vs all-reduce rounding in tiny gradients
         _assert_close(finals[("adam", True)][k], v, f"distributed optimizer vs plain: {k}", atol=1e-4)
         assert not torch.allclose(v, ref_state[k]), f"Adam did not change {k}"
-    report["ddp_opt_ok"] = True
-    lap("4-5 ddp+optimizer")
+    return local
 
-    # 6: dist_checkpointing save (TP=2) and load (TP=2 round trip, and TP=1 resharding)
+
+def _stage_dist_checkpoint(ref_state, ckpt_dir):
+    """6: dist_checkpointing save (TP=2) and load (TP=2 round trip, and TP=1 resharding)."""
     from megatron.core import dist_checkpointing
 
-    init_megatron(tp=2, seed=1234)
+    ps = init_megatron(tp=2, seed=1234)
     tp_rank = ps.get_tensor_model_parallel_rank()
     model = _gpt(_config(tensor_model_parallel_size=2))
     _load_tp_slices(model, ref_state, tp_rank, 2)
@@ -321,25 +314,26 @@ def _worker(ckpt_dir):
     fresh.load_state_dict(dist_checkpointing.load(fresh.sharded_state_dict(), ckpt_dir))
     for n, p in fresh.named_parameters():
         assert torch.equal(p.detach(), ref_state[n]), f"dist ckpt TP=2 -> TP=1 {n}"
-    report["dist_ckpt_ok"] = True
-    lap("6 dist ckpt")
 
-    # 7: pipeline schedule PP=2 == PP=1
+
+def _pp_forward_step(data_iterator, model):
+    tokens, pos, labels = next(data_iterator)
+    out = model(tokens, pos, None, labels=labels)
+
+    def loss_func(output_tensor):
+        loss = output_tensor.float().mean()
+        return loss, {"loss": loss.detach().clone()}  # the schedule divides `loss` in place
+
+    return out, loss_func
+
+
+def _stage_pipeline(ref_state, local):
+    """7: get_forward_backward_func with PP=2 matches PP=1 (`local`, a TP=1 model at the reference weights built
+    before the PP=2 state): losses and gradients. Returns the parallel state module (to destroy)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     mbs = [_batch(300), _batch(301)]
-
-    def forward_step(data_iterator, model):
-        tokens, pos, labels = next(data_iterator)
-        out = model(tokens, pos, None, labels=labels)
-
-        def loss_func(output_tensor):
-            loss = output_tensor.float().mean()
-            return loss, {"loss": loss.detach().clone()}  # the schedule divides `loss` in place
-
-        return out, loss_func
-
-    init_megatron(tp=1, pp=2, seed=1234)
+    ps = init_megatron(tp=1, pp=2, seed=1234)
     pp_rank = ps.get_pipeline_model_parallel_rank()
     cfg = _config(pipeline_model_parallel_size=2)
     model = _gpt(cfg, pre_process=pp_rank == 0, post_process=pp_rank == 1)
@@ -356,7 +350,7 @@ def _worker(ckpt_dir):
         for n, p in model.named_parameters():
             p.copy_(ref_state[global_name(n)])
     losses = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(mbs), model=[model], num_microbatches=len(mbs),
+        forward_step_func=_pp_forward_step, data_iterator=iter(mbs), model=[model], num_microbatches=len(mbs),
         seq_length=SEQ, micro_batch_size=MBS, forward_only=False,
     )
     # PP=1 reference on the same weights
@@ -373,12 +367,39 @@ def _worker(ckpt_dir):
             _assert_close(got["loss"], want, "PP=2 loss")
     for n, p in model.named_parameters():
         _assert_close(p.grad, local_grads[global_name(n)], f"PP=2 grad {n}")
+    return ps
+
+
+def _worker(ckpt_dir):
+    """The stages in turn (module docstring), with each one's seconds in report["seconds"]."""
+    report = {"seconds": {}}
+    t0 = [time.perf_counter()]
+
+    def lap(name):
+        now = time.perf_counter()
+        report["seconds"][name] = round(now - t0[0], 2)
+        t0[0] = now
+
+    ref_state, batch, ref_loss, ref_grads = _stage_gpt_and_recompute(report)
+    lap("1-2 init+gpt+recompute")
+    for sp in (False, True):
+        _stage_tensor_parallel(sp, ref_state, batch, ref_loss, ref_grads)
+        report[f"tp2_sp{int(sp)}_ok"] = True
+        lap(f"3 tp2 sp={sp}")
+    local = _stage_ddp_and_optimizer(ref_state)
+    report["ddp_opt_ok"] = True
+    lap("4-5 ddp+optimizer")
+    _stage_dist_checkpoint(ref_state, ckpt_dir)
+    report["dist_ckpt_ok"] = True
+    lap("6 dist ckpt")
+    ps = _stage_pipeline(ref_state, local)
     report["pp2_ok"] = True
     lap("7 pp2")
     ps.destroy_model_parallel()
     return report
 
 
+@pytest.mark.slow  # the 2-rank gloo launch
 def test_megatron_on_cpu_two_ranks(tmp_path):
     (tmp_path / "ckpt").mkdir()
     results = run_distributed(_worker, 2, str(tmp_path / "ckpt"), timeout=900)

@@ -23,6 +23,8 @@ import pytest
 import torch
 from dist_utils import run_distributed
 
+pytestmark = pytest.mark.slow  # Hugging Face conversion: trainer runs, exports and imports in subprocesses
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "workers", "conversion.py")

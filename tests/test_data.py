@@ -252,6 +252,26 @@ def test_sampler_sharding_and_resume():
     assert next(cyc) == [2, 3, 4, 5] and next(cyc) == [0, 1, 2, 3]
 
 
+def test_sampler_end_of_data_at_the_boundary():
+    """The samples left are exactly one step (or a whole number of steps): that last step is yielded, and len()
+    agrees with the iteration for every rank, start and dataset size around the boundary."""
+    mbs, dp = 3, 2
+    step = mbs * dp
+    for total in (step, 2 * step, 5 * step, 5 * step + 1, 6 * step - 1):
+        for consumed in range(0, total + 1, step):
+            for rank in range(dp):
+                sampler = DistributedBatchSampler(total, mbs, rank, dp, consumed_samples=consumed)
+                got = list(sampler)
+                assert len(got) == len(sampler) == (total - consumed) // step, (total, consumed, rank, got)
+                if got:  # the last full step is this rank's share of [.., last_full_step_end)
+                    end = total - total % step
+                    assert got[-1] == list(range(end - step + rank * mbs, end - step + (rank + 1) * mbs))
+    # one step left exactly: yielded once, then the sampler is done
+    sampler = DistributedBatchSampler(12, 3, 1, 2, consumed_samples=6)
+    assert len(sampler) == 1 and list(sampler) == [[9, 10, 11]]
+    assert list(DistributedBatchSampler(12, 3, 0, 2, consumed_samples=12)) == []
+
+
 def test_loader_resume_matches_uninterrupted(workdir, tokenizer, corpus_prefix):
     ds = build_datasets(corpus_prefix, tokenizer, seq_length=32, num_samples=(96, 0, 0),
                         split="90,10,0", cache_dir=str(workdir / "run" / "data_cache"))
@@ -441,6 +461,7 @@ def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
     assert open(out + ".bin", "rb").read() == before
 
 
+@pytest.mark.slow  # a trainer run
 def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, capsys):
     """--train-data-path / --valid-data-path (Megatron-LM's names) instead of --data-path + --split: the run trains
     on one dataset, validates on the other, and config.json records both."""
@@ -475,6 +496,7 @@ def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, c
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow  # the preprocessing benchmark tool
 def test_benchmark_tool_without_megatron_lm(workdir, tokenizer, tmp_path, capsys):
     """tools/benchmark_preprocess.py runs this project's side and says the comparison was skipped."""
     import runpy

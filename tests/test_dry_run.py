@@ -17,6 +17,8 @@ import re
 import pytest
 from dist_utils import run_distributed
 
+pytestmark = pytest.mark.slow  # a fake-world launch of every paper layout, a real 4-rank run, the tools
+
 FULL = os.environ.get("MSAT_DRY_RUN_FULL") == "1"
 BIG_LAYOUTS = {  # 1.3B SATFormer at 128 ranks (16 nodes x 8)
     "TP8xPP2xDP8+SP": ["--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "2",

@@ -31,6 +31,8 @@ from train_cli import ROOT, env, metrics, train
 
 from megatron_sat.training.arguments import build_parser, parse_args
 
+pytestmark = pytest.mark.slow  # real trainer runs, exports and lm-eval
+
 TASKS = os.path.join(ROOT, "tests", "data", "eval")
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1",

@@ -154,6 +154,7 @@ def test_based_recall_offline(export, tmp_path):
     assert rows[("tiny_based_triviaqa", "contains")] == pytest.approx(sum(hits) / len(hits), abs=1e-9)
 
 
+@pytest.mark.slow  # a launch building every arch
 def test_checkpoint_backend(tmp_path):
     """The megatron_sat backend on trainer checkpoints of all six archs (tests/workers/lm_eval_backend.py):
     its loglikelihoods (batched, right-padded, one left-truncated), rolling loglikelihood and greedy generations

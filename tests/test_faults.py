@@ -34,6 +34,8 @@ import psutil
 import pytest
 from train_cli import ROOT, env, iter_dirs, latest, metrics, rows, start, train, wait_for
 
+pytestmark = pytest.mark.slow  # fault suite: real trainer processes, signals and torchrun
+
 BASE = ["--recipe", "debug_satformer", "--train-iters", "16", "--save-interval", "4", "--log-interval", "1",
         "--eval-interval", "8", "--no-progress-bar"]
 

@@ -15,6 +15,8 @@ the reference losses.
                    --pretrained-checkpoint refuses it; an import (convert_from_hf) carries a manifest
   mid-save         iter_XXXXXXX.tmp never offered nor read (convert_to_hf, evaluate --checkpoint)
   read-only        an immutable run folder (chattr +i, which stops root too) -> one line, exit 2
+  another model    a resume whose model differs only in fields that keep every tensor shape (the gate function,
+                   value_residual_last_k, the ResFormer lambda mode) -> one line naming each, exit 2
 """
 
 import json
@@ -28,6 +30,8 @@ import time
 
 import pytest
 from train_cli import ROOT, env, metrics, start, train, wait_for
+
+pytestmark = pytest.mark.slow  # fault suite: real trainer and tool processes
 
 TASKS = os.path.join(ROOT, "tests", "data", "eval")
 
@@ -311,3 +315,17 @@ def test_a_read_only_run_folder_is_refused_before_anything_is_built(ref, tmp_pat
     finally:
         subprocess.run(["chattr", "-i", str(run)], check=False)
     assert sorted(os.listdir(run)) == sorted(os.listdir(ref["tmp"] / "R"))
+
+
+def test_a_changed_model_that_keeps_every_shape_is_refused(ref, tmp_path):
+    """The gate function, value_residual_last_k and the ResFormer lambda mode change the model's function but no
+    tensor's shape, so the checkpoint would load: the resume check must refuse them, naming each."""
+    new = tmp_path / "new"
+    log = train(*ref["base"], "--save", new, "--load", ref["tmp"] / "R", "--value-residual-gate", "sigmoid",
+                "--value-residual-last-k", "2", "--resformer-lambdas", "fixed", expect=2)
+    line = next(iter(_errors(log)), log[-2000:])
+    for field in ("value_residual_gate 'relu' in the checkpoint, 'sigmoid' now",
+                  "value_residual_last_k None in the checkpoint, 2 now",
+                  "resformer_lambdas 'learned' in the checkpoint, 'fixed' now"):
+        assert field in line, line
+    assert "Traceback" not in log and not new.exists()

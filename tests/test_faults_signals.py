@@ -31,6 +31,8 @@ import psutil
 import pytest
 from train_cli import ROOT, env, free_port, latest, metrics, rows, start, train, wait_for
 
+pytestmark = pytest.mark.slow  # fault suite: real trainer processes under signals
+
 BASE = ["--recipe", "debug_satformer", "--train-iters", "16", "--save-interval", "4", "--log-interval", "1",
         "--eval-interval", "8", "--no-progress-bar"]
 RECIPE_LR, RECIPE_MIN_LR, WARMUP = 3e-3, 3e-4, 2  # debug_satformer's schedule

@@ -28,6 +28,8 @@ import zipfile
 import pytest
 import test_slurm_multinode
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel; the README walkthrough on a local Slurm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 cluster = test_slurm_multinode.cluster  # the fixture: a local Slurm of two nodes, n1 and n2 (module-scoped)
 # where each source folder lands in the wheel, and which of its files the package needs

@@ -27,7 +27,9 @@ SATFormer's one-rank reference computes its gate as a GEMM of its own (value_res
 'separate'); the layouts run the default, W_alpha's rows inside linear_qkv (megatron_sat/model/
 fused_gate.py), loading the reference's checkpoint resharded, and every gate and QKV weight is
 compared under the separate impl's names: the fused gate computes the same function, gradients and
-updates at every layout.
+updates at every layout. The separate gate itself (--value-residual-gate-impl separate, still offered) runs at
+TP2 + SP too (layout tp2_sp_separate_gate, SATFormer and its softmax-over-heads gate): its own all-to-all from the
+sequence shard to the heads (model/attention.py) is checked there, where the fused default never goes.
 
 The initial weights are the arch's own init plus N(0, 0.02) noise, so that weights that start as
 exact constants (zero or one-hot connection weights) have real gradients from the first step, and
@@ -45,6 +47,8 @@ import subprocess
 import sys
 
 import pytest
+
+pytestmark = pytest.mark.slow  # multi-process: every layout on 4 gloo ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "equivalence.py")

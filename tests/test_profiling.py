@@ -26,6 +26,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the profiler on 2 processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "profile_throughput.py")
 ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")

@@ -208,6 +208,7 @@ def _saved_bytes_worker(sizes, seq_length, micro_batch_size, vocab_size, cases):
     return out
 
 
+@pytest.mark.slow  # a 1-rank launch measuring every case
 def test_memory_model_matches_saved_activations():
     """The planner's (baseline - Transformer) activations equal the measured difference in saved bytes (fp32, local
     backend, one micro-batch, no parallelism: one gloo process started by tests/dist_utils.py)."""
@@ -295,6 +296,7 @@ def test_sbatch_scripts():
     assert "#SBATCH --output=logs/%x-%j.out" in train and "#SBATCH --output=logs/%x-%A_%a.out" in array
 
 
+@pytest.mark.slow  # a trainer run
 def test_paper_recipe_trains_through_the_trainer(tmp_path):
     """A paper recipe, shrunk, through the trainer's command line (CPU, mock data, 2 steps)."""
     shrink = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "4",

@@ -21,6 +21,8 @@ import train_cli
 from train_cli import ROOT, latest, rows, start, wait_for
 from wandb_records import offline_runs
 
+pytestmark = pytest.mark.slow  # real trainer runs, preempted and resumed
+
 FLAGS = ["--recipe", "debug_satformer", "--train-iters", "16", "--save-interval", "4", "--log-interval", "1",
          "--eval-interval", "8", "--no-progress-bar", "--wandb-project", "msat-test", "--wandb-mode", "offline"]
 

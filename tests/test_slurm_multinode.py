@@ -25,6 +25,8 @@ import train_cli
 from slurm_cluster import SlurmCluster
 from test_slurm import _start, read, run_dir
 
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]  # a local two-node Slurm running the trainer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ("--train-iters", "14", "--log-interval", "1", "--save-interval", "5", "--eval-interval", "1000")
 LAYOUT = ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")

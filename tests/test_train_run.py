@@ -35,6 +35,8 @@ from train_cli import ROOT, free_port, latest, metrics, train
 from train_cli import cmd as _cmd
 from train_cli import env as _env
 
+pytestmark = pytest.mark.slow  # real trainer runs, multi-process layouts
+
 EVAL_TASKS = os.path.join(ROOT, "tests", "data", "eval")
 TINY = ["--arch", "satformer", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
         "--num-query-groups", "2", "--ffn-hidden-size", "128", "--seq-length", "32", "--micro-batch-size", "2",

@@ -93,14 +93,21 @@ LAYOUTS = {
     "tp2_sp_pp2_vpp2": (Layout(tp=2, pp=2, vpp=2, sp=True), {}, 2),  # V1 in its sequence-shard layout on the wire
     "pp2_full_recompute": (Layout(pp=2), FULL_RECOMPUTE, 1),
     "tp2_sp_selective_recompute": (Layout(tp=2, sp=True), SELECTIVE_RECOMPUTE, 2),
+    # the separate gate (--value-residual-gate-impl separate, still offered): its own GEMM on the sequence shard
+    # and an all-to-all from [s/tp, b, N_kv] to [s, b, N_kv/tp] (model/attention.py), which the fused default skips
+    "tp2_sp_separate_gate": (Layout(tp=2, sp=True), dict(value_residual_gate_impl="separate"), 2),
 }
 # DenseFormer and MUDDFormer refuse full recompute (the config says why); selective is covered.
-CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconnections") for lay in LAYOUTS] + [
-    (v, lay) for v in ("denseformer", "muddformer") for lay in LAYOUTS if lay != "pp2_full_recompute"
+GATE_ONLY = ("tp2_sp_separate_gate",)  # layouts that only the SATFormer variants run
+CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconnections") for lay in LAYOUTS
+         if lay not in GATE_ONLY or v == "satformer"] + [
+    (v, lay) for v in ("denseformer", "muddformer") for lay in LAYOUTS
+    if lay != "pp2_full_recompute" and lay not in GATE_ONLY
 ] + [
     ("satformer_last2_sigmoid", "tp2_pp2"),
     ("satformer_last2_sigmoid", "pp2_vpp2"),
     ("satformer_softmax_sigmoid", "tp2_sp"),
+    ("satformer_softmax_sigmoid", "tp2_sp_separate_gate"),
 ]
 # The one-rank reference computes SATFormer's gate as its own GEMM (value_residual_gate_impl 'separate'); the
 # layouts use the default, W_alpha's rows inside linear_qkv. So each layout also checks that the fused gate
