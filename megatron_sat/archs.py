@@ -11,9 +11,11 @@ tools and the model config all read the same facts:
     GATE_IMPLS          how the gate is computed: fused into linear_qkv (default) or its own GEMM
     arch_label(...)     'satformer:separate' -> ('satformer', {'value_residual_gate_impl': 'separate'}): the
                         profilers' labels for one arch two ways in one run (also ARCH:dot_product)
-    muddformer_ffn_width(...)  MUDDFormer's per-layer FFN widths (model, parameter counts, HF conversion)
-    arch_errors(...)    what an arch refuses, one line each (the trainer's flags and the model config
-                        both report these)
+    mixing_layers(...)  the layers that mix V1 (the model, parameter counts, FLOPs, the HF conversion)
+    ffn_size(...)       a layer's FFN width (MUDDFormer's vary with depth): the model, parameter counts,
+                        FLOPs, the planner and the HF conversion
+    arch_errors(...)    what an arch refuses, one line each: the trainer's flags and the model config both
+                        check these, the messages naming the flag or the config field
 """
 
 from typing import Dict, List, Optional, Tuple
@@ -62,35 +64,64 @@ def arch_label_errors(labels) -> List[str]:
     return errors
 
 
-def muddformer_ffn_width(base: int, num_layers: int, layer_number: int, realloc: bool = True) -> int:
-    """MUDDFormer's FFN width of 1-based layer_number (param_realloc): 0.5x at layer 1 to 1.5x at layer L of
-    base, rounded to the nearest multiple of 256 and at least 256, as the authors' code does at every size."""
-    if not realloc or num_layers == 1:
+def mixing_layers(config) -> List[int]:
+    """1-based numbers of the layers that mix V1 in a model described by SATConfig's field names: layers 2..L, or
+    the last k with value_residual_last_k = k; none for an arch without a value residual (layer 1 produces V1)."""
+    if config.arch not in VALUE_RESIDUAL:
+        return []
+    k = config.value_residual_last_k
+    return list(range(2 if k is None else config.num_layers - k + 1, config.num_layers + 1))
+
+
+def ffn_size(config, layer_number: int) -> int:
+    """FFN width of 1-based layer_number in a model described by SATConfig's field names (a SATConfig, the HF
+    conversion's ModelSpec): ffn_hidden_size, except MUDDFormer's with param_realloc, which grows from 0.5x at
+    layer 1 to 1.5x at layer L of it, rounded to the nearest multiple of 256 and at least 256, as the authors'
+    code does at every size (so that an export computes what their MUDDFormer code computes)."""
+    base, num_layers = config.ffn_hidden_size, config.num_layers
+    if config.arch != "muddformer" or not config.muddformer_param_realloc or num_layers == 1:
         return base
     scale = (0.5 * (num_layers - layer_number) + 1.5 * (layer_number - 1)) / (num_layers - 1)
     return max(256, (int(round(scale * base)) + 127) // 256 * 256)
 
 
+# how a message names a setting: the trainer's flags (--value-residual-gate) or SATConfig's fields
+# (value_residual_gate); TransformerConfig's fp8 field holds the format, and its message names the feature
+_FLAG_NAMES = {"fp8": "--fp8-format"}
+_FIELD_NAMES = {"fp8": "FP8"}
+
+
 def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: Optional[str] = None,
                 hc_expansion_rate: int = 4, value_residual_gate: str = "relu",
-                resformer_lambdas: str = "learned", value_residual_gate_impl: str = "fused") -> List[str]:
-    """Every reason the arch refuses these settings (empty when it takes them)."""
+                resformer_lambdas: str = "learned", value_residual_gate_impl: str = "fused",
+                spelling: str = "flags") -> List[str]:
+    """Every reason the arch refuses these settings (empty when it takes them), naming each setting as the
+    trainer's flag (spelling 'flags': --arch mamba) or as the model config's field ('fields': arch='mamba')."""
+    if spelling not in ("flags", "fields"):
+        raise ValueError(f"unknown spelling {spelling!r}; use 'flags' or 'fields'")
+
+    def name(field: str) -> str:
+        if spelling == "fields":
+            return _FIELD_NAMES.get(field, field)
+        return _FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
+
+    def setting(field: str, value: str) -> str:
+        return f"{name(field)}={value!r}" if spelling == "fields" else f"{name(field)} {value}"
+
     if arch not in ARCHS:
-        return [f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}"]
+        return [f"unknown {name('arch')} {arch!r}; choose one of {', '.join(ARCHS)}"]
     errors = []
-    if value_residual_gate not in GATES:
-        errors.append(f"unknown --value-residual-gate {value_residual_gate!r}; choose one of {', '.join(GATES)}")
-    if value_residual_gate_impl not in GATE_IMPLS:
-        errors.append(f"unknown --value-residual-gate-impl {value_residual_gate_impl!r}; choose one of "
-                      f"{', '.join(GATE_IMPLS)}")
-    if resformer_lambdas not in RESFORMER_LAMBDAS:
-        errors.append(f"unknown --resformer-lambdas {resformer_lambdas!r}; choose one of "
-                      f"{', '.join(RESFORMER_LAMBDAS)}")
+    for field, value, choices in (("value_residual_gate", value_residual_gate, GATES),
+                                  ("value_residual_gate_impl", value_residual_gate_impl, GATE_IMPLS),
+                                  ("resformer_lambdas", resformer_lambdas, RESFORMER_LAMBDAS)):
+        if value not in choices:
+            errors.append(f"unknown {name(field)} {value!r}; choose one of {', '.join(choices)}")
     if arch in BASELINES and fp8:
-        errors.append(f"--fp8-format is not supported for the {arch} baseline (BF16 only)")
+        errors.append(f"{name('fp8')} is not supported for the {arch} baseline (BF16 only)")
     if arch in DENSE and recompute_granularity == "full":
-        errors.append(f"--recompute-granularity full is not supported for --arch {arch} (it carries every "
-                      "earlier layer's output from layer to layer); use --recompute-granularity selective")
+        errors.append(f"{setting('recompute_granularity', 'full')} is not supported for {setting('arch', arch)}: "
+                      f"arch {arch!r} carries every earlier layer's output from layer to layer, which full activation "
+                      f"recompute cannot checkpoint; use {setting('recompute_granularity', 'selective')}")
     if arch == "hyperconnections" and hc_expansion_rate < 1:
-        errors.append(f"--hc-expansion-rate must be >= 1 (got {hc_expansion_rate})")
+        errors.append(f"{name('hc_expansion_rate')} must be >= 1 (got {hc_expansion_rate})")
     return errors

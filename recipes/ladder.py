@@ -11,15 +11,15 @@ Three shapes, width and depth growing together (d_model 64 -> 128 -> 192, 2 -> 3
 training split) and the paper's schedule shape (AdamW 0.9/0.95, wd 0.1, clip 1, warmup then cosine to 0.1 lr), the
 peak lr falling with size as in the paper's grid. The validation set (4 x 32 sequences, the same for every run
 and seed: megatron_sat/training/data.py) is scored every 25 steps and at the end. Sized for 2 idle cores: about
-0.5, 1 and 1.5 minutes per run; the loss falls clearly with size (README, "A scaling ladder on one CPU").
+0.5, 1 and 1.5 minutes per run; the loss falls clearly with size (docs/sweeps.md, "A scaling ladder on one CPU").
 Narrower shapes (d_model 32) were tried and dropped: at this budget they end where d_model 64 does.
 """
 
 from functools import partial
 
+from megatron_sat.archs import ARCHS
 from recipes import base, model, register
 
-ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 LADDER = {  # name: (shape, peak lr); head dim 32 throughout
     "ladder1": (dict(num_layers=2, hidden_size=64, num_attention_heads=2, num_query_groups=2, ffn_hidden_size=192), 4e-3),
     "ladder2": (dict(num_layers=3, hidden_size=128, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=384),

@@ -227,8 +227,9 @@ def test_install_and_sweep_tools_refuse_bad_input(tmp_path, capsys):
 def test_status_of_a_sweep_whose_jobs_have_not_started(tmp_path, capsys):
     """Right after submit_grid --submit there is a sweep record and no run folder: --status lists the entries,
     --out says that nothing has started (exit 2)."""
-    from megatron_sat.analysis import grid
     from megatron_sat_tools import collect_grid
+
+    from megatron_sat.analysis import grid
 
     runs = tmp_path / "runs"
     (runs / "_grid").mkdir(parents=True)

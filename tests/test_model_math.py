@@ -285,7 +285,8 @@ def test_parameter_count_formula(errors, variant):
 def test_muddformer_ffn_widths_as_the_authors():
     """param_realloc widths: the authors' formula (models/muddformer), multiples of 256 and at least 256 at every
     size, debug sizes below an FFN of 1024 included."""
-    from megatron_sat.model.config import make_config, muddformer_ffn_size
+    from megatron_sat.archs import ffn_size
+    from megatron_sat.model.config import make_config
 
     def authors(base, L, i):  # their MUDDFormerBlock, 1-based layer i
         scale = (0.5 * (L - i) + 1.5 * (i - 1)) / (L - 1)
@@ -293,7 +294,7 @@ def test_muddformer_ffn_widths_as_the_authors():
 
     for L, base in ((4, 80), (4, 768), (6, 1000), (11, 3072), (24, 5632)):
         config = make_config("muddformer", num_layers=L, hidden_size=64, num_attention_heads=4, ffn_hidden_size=base)
-        widths = [muddformer_ffn_size(config, i) for i in range(1, L + 1)]
+        widths = [ffn_size(config, i) for i in range(1, L + 1)]
         assert widths == [authors(base, L, i) for i in range(1, L + 1)], (L, base, widths)
-    assert [muddformer_ffn_size(make_config("muddformer", num_layers=4, hidden_size=64, num_attention_heads=4,
-                                            ffn_hidden_size=768), i) for i in (1, 2, 3, 4)] == [256, 512, 768, 1024]
+    assert [ffn_size(make_config("muddformer", num_layers=4, hidden_size=64, num_attention_heads=4,
+                              ffn_hidden_size=768), i) for i in (1, 2, 3, 4)] == [256, 512, 768, 1024]

@@ -208,8 +208,49 @@ def test_preprocess_fast_equals_plain_and_megatron_core(tokenizer, corpus, tmp_p
     assert res.num_docs == 40 and res.num_bad == 2
 
 
-def test_preprocessing_imports_neither_torch_nor_megatron_core():
-    code = ("import sys, megatron_sat.data.preprocess, megatron_sat.data.fastbpe; "
-            "print(sorted(m for m in ('torch', 'megatron.core') if m in sys.modules))")
+def test_preprocessing_imports_neither_torch_nor_megatron_core(tokenizer, tmp_path):
+    """Not by importing, and not by a whole run on a tokenizer folder (plain load: no transformers, no torch)."""
+    src = write_jsonl(tmp_path / "in.jsonl", ["one document", "and another"])
+    code = ("import sys, megatron_sat.data.preprocess as p; "
+            f"r = p.preprocess([{src!r}], {str(tokenizer.name)!r}, {str(tmp_path / 'out')!r}, progress=False); "
+            "print(r.num_docs, sorted(m for m in ('torch', 'megatron.core', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert out.strip() == "2 []"
+
+
+def _tokenizer_copy(tokenizer, out_dir, config_edit=None, extra_file=None):
+    os.makedirs(out_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(tokenizer.name, name)) as f:
+            text = f.read()
+        if name == "tokenizer_config.json" and config_edit:
+            text = json.dumps(config_edit(json.loads(text)))
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(text)
+    if extra_file:
+        with open(os.path.join(out_dir, extra_file), "w") as f:
+            f.write("{}")
+    return str(out_dir)
+
+
+def test_plain_load_equals_transformers_and_falls_back_when_it_could_differ(tokenizer, corpus, tmp_path):
+    """preprocess loads tokenizers without transformers (plain_tokenizer) only where transformers' load gives the
+    same backend, vocabulary, special ids and ids; any other folder is loaded by transformers."""
+    texts = corpus[:30] + ADVERSARIAL + MORE_ADVERSARIAL
+    for name in (str(tokenizer.name), os.path.join(tokenizer.name, "tokenizer.json")):
+        plain, full = load_tokenizer(name, plain=True), load_tokenizer(name)
+        assert type(plain.hf).__name__ == "TokenizersOnly" and type(full.hf).__name__ != "TokenizersOnly", name
+        assert json.loads(plain.hf.backend_tokenizer.to_str()) == json.loads(full.hf.backend_tokenizer.to_str())
+        assert (plain.vocab_size, plain.eod, plain.bos, plain.pad, plain.fingerprint) == \
+               (full.vocab_size, full.eod, full.bos, full.pad, full.fingerprint), name
+        assert [plain.encode(t) for t in texts] == [full.encode(t) for t in texts], name
+        assert plain.decode(plain.encode(texts[0])) == full.decode(full.encode(texts[0]))
+    unusual = {
+        "config key that may change ids": dict(config_edit=lambda c: dict(c, add_prefix_space=True)),
+        "eos token not in the vocabulary": dict(config_edit=lambda c: dict(c, eos_token="<new_eos>")),
+        "another class": dict(config_edit=lambda c: dict(c, tokenizer_class="GPT2TokenizerFast")),
+        "a special_tokens_map.json": dict(extra_file="special_tokens_map.json"),
+    }
+    for k, (why, edit) in enumerate(unusual.items()):
+        folder = _tokenizer_copy(tokenizer, tmp_path / f"t{k}", **edit)
+        assert type(load_tokenizer(folder, plain=True).hf).__name__ != "TokenizersOnly", why

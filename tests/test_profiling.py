@@ -167,3 +167,27 @@ def test_gpu_check_refuses_without_cuda(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA device visible" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_settings_are_the_trainers_arguments(monkeypatch):
+    """The profiler's settings are the recipe's trainer arguments (arguments.recipe_args) with the tool's flags over
+    them, and its own defaults only where the recipe is silent (megatron_sat/profiling/settings.py)."""
+    from megatron_sat.profiling.settings import resolve
+    from megatron_sat.training.arguments import MODEL_CONFIG_KEYS, recipe_args
+
+    for var in ("WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    parser = _tool().build_parser()
+    spec = resolve(parser.parse_args(["--scale", "760M", "--nproc", "8", "--tp", "2", "--precision", "bf16"]))
+    recipe = recipe_args("satformer_760M")
+    assert recipe.output_layer_init == "unscaled"  # a switch the trainer's default does not have
+    assert all(spec["arguments"][k] == getattr(recipe, k) for k in MODEL_CONFIG_KEYS)
+    assert spec["arguments"]["tensor_model_parallel_size"] == 2 and spec["layout"]["tp"] == 2  # the flag over it
+    assert (spec["bf16"], spec["precision"], spec["recompute"]) == (True, "bf16", recipe.recompute_granularity)
+    assert (spec["global_batch_size"], spec["seq_length"], spec["lr"]) == (recipe.global_batch_size,
+                                                                          recipe.seq_length, recipe.lr)
+    tiny = resolve(parser.parse_args(["--scale", "tiny", "--pp", "2", "--nproc", "2"]))  # a shape, no recipe
+    assert (tiny["seq_length"], tiny["micro_batch_size"], tiny["vocab_size"], tiny["lr"]) == (512, 1, 32000, 1e-4)
+    assert tiny["global_batch_size"] == 1 * 1 * 2 * 2  # micro-batch x DP x 2 PP
+    with pytest.raises(ValueError, match="num_layers=4 is not divisible by PP = 3"):  # layout.validate, per arch
+        resolve(parser.parse_args(["--scale", "tiny", "--pp", "3", "--nproc", "3"]))

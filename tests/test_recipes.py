@@ -34,9 +34,9 @@ ALL_ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer
 
 
 def test_grid_is_registered_with_trainer_arguments_only():
-    from megatron_sat.model import config
+    from megatron_sat import archs
 
-    assert paper.ARCHS == ALL_ARCHS == config.ARCHS  # every arch has the whole grid (megatron_sat/archs.py)
+    assert paper.ARCHS == ALL_ARCHS == archs.ARCHS  # every arch has the whole grid (megatron_sat/archs.py)
     assert paper.GRID == [f"{a}_{s}" for s in ("130M", "340M", "760M", "1.3B") for a in ALL_ARCHS]
     assert len(paper.GRID) == 24
     dests = {a.dest for a in build_parser()._actions}

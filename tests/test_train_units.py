@@ -165,6 +165,57 @@ def test_baseline_flags_reach_the_model_config():
                                      "--vocab-size", "64"]), world_size=1)  # HC checkpoints like any hidden state
 
 
+def test_arguments_become_objects_in_one_place(monkeypatch):
+    """training/setup.py: every MODEL_CONFIG_KEYS flag, the layout, the dtype and the training-only fields reach
+    the model config; bf16 / distributed optimizer follow the target; the scheduler reads the command's schedule."""
+    import torch
+
+    from megatron_sat.parallel.world import world_from_env
+    from megatron_sat.training import schedule, setup
+    from megatron_sat.training.arguments import MODEL_CONFIG_KEYS
+
+    parser = build_parser()
+    args = parser.parse_args(["--arch", "resformer", "--value-residual-gate", "sigmoid", "--value-residual-gate-impl",
+                              "separate", "--value-residual-last-k", "2", "--resformer-lambdas", "fixed",
+                              "--hc-expansion-rate", "2", "--hc-static", "--no-muddformer-param-realloc",
+                              "--output-layer-init", "unscaled", "--local-attention", "dot_product",
+                              "--qk-norm-eps", "1e-6", "--pipeline-model-parallel-size", "2",
+                              "--num-virtual-stages-per-pipeline-rank", "2", "--recompute-granularity", "full",
+                              "--recompute-num-layers", "2", "--bf16"])
+    run = setup.precision_and_layout(args, gpu=False)
+    assert (run.bf16, run.distributed_optimizer, run.dtype) == (True, False, torch.bfloat16)  # --bf16 over the CPU
+    assert (run.layout.pp, run.layout.vpp, run.layout.tp) == (2, 2, 1)
+    assert setup.precision_and_layout(parser.parse_args([]), gpu=True)[:3] == (True, True, torch.bfloat16)
+    assert setup.precision_and_layout(parser.parse_args([]), gpu=False)[:3] == (False, False, torch.float32)
+    config = setup.model_config(args, run.layout, run.dtype, training=True)
+    assert all(getattr(config, k) == getattr(args, k) for k in MODEL_CONFIG_KEYS), "a model flag is lost"
+    assert (config.arch, config.num_layers, config.params_dtype, config.bf16) == ("resformer", 4, torch.bfloat16, True)
+    assert (config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size) == (2, 2)
+    assert (config.recompute_granularity, config.recompute_method, config.recompute_num_layers) == ("full", "uniform", 2)
+    plain = setup.model_config(args)  # the planner's: no layout, dtype or training-only fields
+    assert (plain.pipeline_model_parallel_size, plain.recompute_granularity, plain.bf16) == (1, None, False)
+    assert all(getattr(plain, k) == getattr(args, k) for k in MODEL_CONFIG_KEYS)
+
+    args = parser.parse_args(["--lr", "2e-3", "--min-lr", "2e-4", "--train-iters", "50", "--lr-warmup-fraction",
+                              "0.1", "--lr-decay-style", "linear", "--weight-decay", "0.05"])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    sched = setup.scheduler(optimizer, args)
+    assert (sched.max_lr, sched.min_lr, sched.lr_warmup_steps, sched.lr_decay_steps) == (2e-3, 2e-4, 5.0, 50)
+    assert (sched.lr_decay_style, sched.start_wd, sched.override_opt_param_scheduler) == ("linear", 0.05, True)
+    assert setup.scheduler(optimizer, args, schedule.CHECKPOINT).use_checkpoint_opt_param_scheduler
+
+    for key in ("WORLD_SIZE", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    assert (world_from_env(), world_from_env(default=0)) == (1, 0)
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    assert world_from_env() == 1  # an sbatch script itself: one process, not a rank of the job's world
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert world_from_env() == 8  # a task of an srun step
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert world_from_env() == 4  # torchrun's
+
+
 def test_help_renders():
     text = build_parser().format_help()
     for flag in ("--tensor-model-parallel-size", "--num-virtual-stages-per-pipeline-rank", "--global-batch-size",

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main(argv=None) -> int:
     from megatron_sat.analysis.evaluation import SUITES
     from megatron_sat.outputs import check_output
+    from megatron_sat.parallel.world import world_from_env
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
             not os.path.isfile(os.path.join(args.checkpoint, "latest_checkpointed_iteration.txt")) and \
             any(f.endswith((".safetensors", ".bin")) for f in os.listdir(args.checkpoint)):
         p.error(f"--checkpoint {args.checkpoint} is a Hugging Face folder: pass it as --model {args.checkpoint}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_from_env()  # torchrun's WORLD_SIZE, or srun's SLURM_NTASKS in a job step
     if not args.verify_checkpoint and not args.checkpoint:
         p.error("--no-verify-checkpoint is for --checkpoint (an HF --model has no manifest)")
     if args.tensor_model_parallel_size != 1 and not args.checkpoint:

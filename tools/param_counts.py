@@ -1,4 +1,4 @@
-"""Parameter counts of every arch (megatron_sat.model.config.ARCHS) at the paper's four scales.
+"""Parameter counts of every arch (megatron_sat.archs.ARCHS) at the paper's four scales.
 
     python tools/param_counts.py            # the table
     python tools/param_counts.py --json     # machine-readable
@@ -15,7 +15,8 @@ import warnings
 warnings.filterwarnings("ignore", module="megatron")  # import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.model.config import ARCHS, make_config
+from megatron_sat.archs import ARCHS
+from megatron_sat.model.config import make_config
 from megatron_sat.model.sizes import PAPER_SCALES, PAPER_VOCAB, count_parameters
 
 

@@ -25,7 +25,7 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.training.arguments import arch_errors
+from megatron_sat.training.arguments import arch_flag_errors
 from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args
 
 # what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        plan.errors += arch_errors(resolve_args(name, overrides))  # e.g. full recompute with a dense arch
+        plan.errors += arch_flag_errors(resolve_args(name, overrides))  # e.g. full recompute with a dense arch
         print(plan.format())
         if plan.memory and memory_note(plan.arch):
             print(memory_note(plan.arch))

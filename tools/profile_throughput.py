@@ -44,33 +44,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_sat.archs import ARCHS, arch_errors, arch_label, arch_label_errors  # (import-free: no megatron here)
-from megatron_sat.training.arguments import MODEL_CONFIG_KEYS
+from megatron_sat.archs import ARCHS  # (import-free: the help and the parser need no megatron)
 
-ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
-           "mudd": "muddformer", "dwa": "denseformer"}  # other spellings of the baselines, for a hint
-SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
-
-
-def _job_world() -> int:
-    """World size of the distributed job this process is a rank of (torchrun: WORLD_SIZE; srun: SLURM_NTASKS,
-    read the way megatron_sat.train reads it), or 0 when it was started alone."""
-    env = os.environ
-    if env.get("WORLD_SIZE"):
-        return int(env["WORLD_SIZE"])
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and env.get("SLURM_NTASKS"):
-        return int(env["SLURM_NTASKS"])
-    return 0
-
-
-def _recipes():
-    import recipes
-
-    try:
-        import recipes.paper  # noqa: F401  (registers the paper grid when it is there)
-    except ImportError:
-        pass
-    return recipes
+# The rest of the library (torch, megatron: profiling/settings.py, throughput.py, report.py) is imported inside the
+# functions main calls once the command line is parsed, so that --help answers at once.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "debug_satformer, satformer_760M); its arch is replaced by each of --archs")
     src.add_argument("--scale", help="a paper scale (130M, 340M, 760M, 1.3B: the paper recipe at that scale) or a "
                                      "recipes.SIZES shape (tiny, demo, small, ...)")
-    for name in SHAPE_KEYS + ("seq_length", "micro_batch_size", "global_batch_size", "vocab_size"):
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                 "seq_length", "micro_batch_size", "global_batch_size", "vocab_size"):  # the trainer's flags
         a("--" + name.replace("_", "-"), type=int, default=None)
     a("--tp", "--tensor-model-parallel-size", dest="tp", type=int, default=None)
     a("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=None)
@@ -115,106 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "tokens (input is not what is measured)")
     a("--output", "--out", dest="out", default="runs/profile", help="output folder (--out: the older name)")
     return p
-
-
-def _resolve(args, parser) -> dict:
-    """The run's settings from recipe/scale + flags; parser.error on anything invalid (no megatron import)."""
-    bad = arch_label_errors(args.archs)
-    if bad:
-        hints = [f"{a}: did you mean {ALIASES[a.lower()]}?" for a in args.archs if a.lower() in ALIASES]
-        parser.error("\n  ".join(bad) + (f" ({'; '.join(hints)})" if hints else ""))
-    if len(set(args.archs)) != len(args.archs):
-        parser.error(f"--archs lists an arch twice: {' '.join(args.archs)}")
-    if args.baseline not in args.archs:
-        parser.error(f"--baseline {args.baseline} must be one of --archs ({' '.join(args.archs)}): ratios divide by it")
-    recipes = _recipes()
-    if args.scale:
-        paper = getattr(recipes, "paper", None)
-        if paper is not None and f"satformer_{args.scale}" in recipes.RECIPES:
-            base, source = recipes.get(f"satformer_{args.scale}"), f"recipe satformer_{args.scale}"
-        elif args.scale in recipes.SIZES:
-            base, source = dict(recipes.SIZES[args.scale], seq_length=512, micro_batch_size=1, vocab_size=32000), \
-                f"size {args.scale}"
-        else:
-            known = [s for s in getattr(paper, "SCALES", ())] + list(recipes.SIZES)
-            parser.error(f"unknown --scale {args.scale!r}; known: {', '.join(known)}")
-    else:
-        name = args.recipe or "debug_transformer"
-        try:
-            base = recipes.get(name)
-        except ValueError as e:
-            parser.error(str(e))
-        source = f"recipe {name}"
-    s = {k: base.get(k) for k in SHAPE_KEYS}
-    for k in SHAPE_KEYS:
-        if getattr(args, k) is not None:
-            s[k] = getattr(args, k)
-    if s["num_layers"] is None or s["hidden_size"] is None or s["num_attention_heads"] is None:
-        parser.error(f"{source} sets no model shape; give --num-layers, --hidden-size and --num-attention-heads")
-    pick = lambda flag, key, default: flag if flag is not None else base.get(key, default)  # noqa: E731
-    seq, mbs = pick(args.seq_length, "seq_length", 512), pick(args.micro_batch_size, "micro_batch_size", 1)
-    vocab = pick(args.vocab_size, "vocab_size", 32000)
-    tp, pp = pick(args.tp, "tensor_model_parallel_size", 1), pick(args.pp, "pipeline_model_parallel_size", 1)
-    vpp = pick(args.vpp, "num_virtual_stages_per_pipeline_rank", None)
-    sp = bool(pick(args.sp, "sequence_parallel", False))
-    env_world = _job_world()
-    world = args.nproc or env_world or 1
-    if args.nproc and env_world and args.nproc != env_world:
-        parser.error(f"--nproc {args.nproc} inside a job of world size {env_world}: drop --nproc")
-    errors = []
-    checks = (("--steps", args.steps), ("--repeats", args.repeats), ("--nproc", world), ("--tp", tp), ("--pp", pp),
-              ("--seq-length", seq), ("--micro-batch-size", mbs), ("--vocab-size", vocab),
-              ("--threads", 1 if args.threads is None else args.threads))
-    for name, v in checks:
-        if v < 1:
-            errors.append(f"{name} must be >= 1 (got {v})")
-    if args.warmup < 0:
-        errors.append(f"--warmup must be >= 0 (got {args.warmup})")
-    if not errors and world % (tp * pp):
-        errors.append(f"world size {world} is not divisible by TP x PP = {tp} x {pp} (set --nproc)")
-    dp = world // (tp * pp) if not errors else 1
-    gbs = pick(args.global_batch_size, "global_batch_size", None) or mbs * dp * (2 * pp if pp > 1 else 1)
-    if not errors and gbs % (mbs * dp):
-        errors.append(f"global batch {gbs} is not divisible by micro-batch x DP = {mbs} x {dp}")
-    if s["num_layers"] % (pp * (vpp or 1)):
-        errors.append(f"num_layers={s['num_layers']} is not divisible by PP x VPP = {pp} x {vpp or 1}")
-    trace = None
-    if args.trace_steps:
-        try:
-            first, _, last = args.trace_steps.partition("-")
-            trace = [int(first), int(last or first)]
-        except ValueError:
-            errors.append(f"--trace-steps wants A-B or A (measured steps, 1-based), got {args.trace_steps!r}")
-        else:
-            if not 1 <= trace[0] <= trace[1] <= args.steps:
-                errors.append(f"--trace-steps {args.trace_steps} is outside the measured steps 1-{args.steps}")
-    if not 0 <= args.trace_rank < world:
-        errors.append(f"--trace-rank {args.trace_rank} is not a rank of a world of {world}")
-    if args.mode == "per-arch" and env_world:
-        errors.append("--mode per-arch launches its own processes: run it outside torchrun/srun (with --nproc)")
-    recompute = args.recompute or base.get("recompute_granularity") or "none"
-    for arch in args.archs:  # what an arch refuses (megatron_sat/archs.py), with the tool's flag names
-        errors += [e.replace("--recompute-granularity", "--recompute") for e in
-                   arch_errors(arch_label(arch)[0], recompute_granularity=None if recompute == "none" else recompute)]
-    if errors:
-        parser.error("\n  ".join(["invalid settings:"] + errors))
-    rec = {} if recompute == "none" else (dict(recompute_granularity="selective") if recompute == "selective" else
-                                          dict(recompute_granularity="full", recompute_method="uniform",
-                                               recompute_num_layers=base.get("recompute_num_layers", 1)))
-    return dict(
-        archs=list(args.archs), baseline=args.baseline, source=source, sizes=s,
-        arch_options={k: base[k] for k in MODEL_CONFIG_KEYS if base.get(k) is not None},
-        seq_length=seq, micro_batch_size=mbs, global_batch_size=gbs, vocab_size=vocab,
-        layout=dict(tp=tp, pp=pp, vpp=vpp, sp=sp), world_size=world, recompute=rec,
-        precision=args.precision or ({True: "bf16", False: "fp32"}.get(base.get("bf16"))),
-        use_distributed_optimizer=args.use_distributed_optimizer if args.use_distributed_optimizer is not None
-        else base.get("use_distributed_optimizer"),
-        backend=args.backend, warmup=args.warmup, steps=args.steps, seed=args.seed, trace_steps=trace,
-        trace_rank=args.trace_rank, flops_profile=args.flops_profile, out_dir=os.path.abspath(args.out),
-        mode=args.mode or ("shared" if env_world else "per-arch"), repeats=args.repeats,
-        peak_tflops=args.peak_tflops, threads=args.threads, lr=base.get("lr", 1e-4),
-        rotary_base=base.get("rotary_base", 10000),
-    )
 
 
 def _free_port() -> int:
@@ -275,16 +153,15 @@ def _in_job(spec: dict):
 
 def main(argv=None) -> int:
     parser = build_parser()
-    settings = _resolve(parser.parse_args(argv), parser)
-    import torch  # after the argument checks: only the device-dependent defaults need it
+    options = parser.parse_args(argv)
+    from megatron_sat.profiling import settings as resolution
 
-    gpu = torch.cuda.is_available()
-    settings["bf16"] = (settings["precision"] or ("bf16" if gpu else "fp32")) == "bf16"
-    settings["precision"] = "bf16" if settings["bf16"] else "fp32"
-    if settings["use_distributed_optimizer"] is None:
-        settings["use_distributed_optimizer"] = gpu
+    try:
+        settings = resolution.resolve(options)
+    except ValueError as e:
+        parser.error(str(e))
     world, out = settings["world_size"], settings["out_dir"]
-    if settings["mode"] == "shared" and _job_world():
+    if settings["mode"] == "shared" and resolution.job_world():
         record = _in_job(dict(settings, tag="shared"))
         if record is None:
             return 0

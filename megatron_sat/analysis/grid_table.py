@@ -21,13 +21,13 @@ from collections import Counter
 from typing import Dict, List
 
 from megatron_sat.analysis import scaling
+from megatron_sat.archs import ARCHS
 
 REFERENCES = ("transformer", "resformer")  # the differences the paper reports
-ARCH_ORDER = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
 
 
 def _arch_key(arch):
-    return (ARCH_ORDER.index(arch) if arch in ARCH_ORDER else len(ARCH_ORDER), arch)
+    return (ARCHS.index(arch) if arch in ARCHS else len(ARCHS), arch)  # megatron_sat.archs' order
 
 
 def _mean_sd(values):

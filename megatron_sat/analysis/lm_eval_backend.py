@@ -29,7 +29,6 @@ over the tensor-parallel group; sequence-parallel inputs padded to a multiple of
 every data-parallel replica scores every request (the trainer refuses PP > 1 and CP > 1 for --eval-tasks).
 """
 
-import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -37,6 +36,18 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+from megatron_sat.conversion import megatron_io
+from megatron_sat.conversion.mapping import ConversionError
+from megatron_sat.data import load_tokenizer
+from megatron_sat.model.gpt import build_model
+from megatron_sat.parallel.layout import Layout, initialize
+from megatron_sat.parallel.process_group import init_from_env
+from megatron_sat.parallel.world import world_from_env
+from megatron_sat.training.arguments import build_parser
+from megatron_sat.training.setup import model_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # trainer arguments whose default changed after checkpoints were written without recording them, with the value
@@ -49,16 +60,8 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
     in one process, or at TP `tensor_parallel` with as many processes (torchrun; this rank's shard).
 
     The model is built from the arguments the trainer recorded in the checkpoint, the way the trainer builds it
-    (make_config + model_config_fields), so every arch and switch the trainer knows loads here. Its files are
+    (training/setup.py's model_config), so every arch and switch the trainer knows loads here. Its files are
     checked against its manifest first (megatron_io.find_checkpoint; verify=False: --no-verify-checkpoint)."""
-    from megatron_sat.conversion import megatron_io
-    from megatron_sat.conversion.mapping import ConversionError
-    from megatron_sat.data import load_tokenizer
-    from megatron_sat.model.config import make_config
-    from megatron_sat.model.gpt import build_model
-    from megatron_sat.parallel.layout import Layout, initialize
-    from megatron_sat.training.arguments import build_parser, model_config_fields
-
     if dtype != "auto" and dtype not in DTYPES:
         raise ConversionError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
     iter_dir, run_dir = megatron_io.find_checkpoint(path, verify=verify)
@@ -78,11 +81,7 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
     params_dtype = DTYPES.get(dtype) or metadata[megatron_io.EMBEDDING_KEY].dtype
     layout = Layout(tp=tensor_parallel)
     initialize(layout, seed=args.seed)
-    config = make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
-                         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-                         ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args),
-                         bf16=params_dtype == torch.bfloat16, params_dtype=params_dtype,
-                         **layout.config_fields(params_dtype))
+    config = model_config(args, layout, params_dtype)
     vocab_size = metadata[megatron_io.EMBEDDING_KEY].global_shape[0]
     if vocab_size % tensor_parallel:
         raise ConversionError(f"the checkpoint's vocabulary ({vocab_size} rows) does not split over TP {tensor_parallel}")
@@ -98,11 +97,8 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
 
 
 def _init_tensor_parallel(tp: int) -> None:
-    """The process group of a torchrun launch of exactly `tp` processes (ConversionError otherwise)."""
-    from megatron_sat.conversion.mapping import ConversionError
-    from megatron_sat.parallel.process_group import init_from_env
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    """The process group of a torchrun (or srun) launch of exactly `tp` processes (ConversionError otherwise)."""
+    world = world_from_env()
     if world != tp:
         raise ConversionError(f"tensor parallel size {tp} needs exactly {tp} processes (torchrun --nproc-per-node "
                               f"{tp}); this launch has {world}")
@@ -155,9 +151,6 @@ class MegatronLM(TemplateLM):
     # ---- the model --------------------------------------------------------------------------------
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """[b, s] token ids -> [b, s, vocab] logits over the full (padded) vocabulary, in the model's dtype."""
-        from megatron.core import parallel_state
-        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
         b, s = tokens.shape
         tp = parallel_state.get_tensor_model_parallel_world_size()
         width = s + (-s) % tp  # sequence parallelism splits the sequence over TP ranks

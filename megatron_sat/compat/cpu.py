@@ -256,10 +256,6 @@ def _is_cuda_device(dev) -> bool:
     return False
 
 
-def _map_device(dev):
-    return _TARGET[0] if _is_cuda_device(dev) else dev
-
-
 class _DeviceMeta(type):
     def __instancecheck__(cls, obj):
         return isinstance(obj, torch.device)
@@ -620,9 +616,6 @@ def _refresh_imported_names(patched) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # P8: Tensor.cuda
 # ---------------------------------------------------------------------------------------------------------------
-_ORIG_TENSOR_CUDA = torch.Tensor.cuda
-
-
 def _tensor_cuda_cpu(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
     if memory_format is not torch.preserve_format:
         return self.contiguous(memory_format=memory_format)

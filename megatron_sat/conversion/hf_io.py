@@ -13,7 +13,8 @@ from typing import Dict, Optional
 
 import torch
 
-from megatron_sat.conversion.mapping import HF_CLASSES, VALUE_RESIDUAL, ConversionError, ModelSpec
+from megatron_sat.archs import VALUE_RESIDUAL
+from megatron_sat.conversion.mapping import HF_CLASSES, ConversionError, ModelSpec
 
 HF_CODE = Path(__file__).parent / "hf_code"
 INDEX = "model.safetensors.index.json"

@@ -35,22 +35,27 @@ import shutil
 from typing import List, Optional
 
 import torch
+from megatron.core.transformer.module import Float16Module
+from transformers import AutoTokenizer
 
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import ConversionError, hf_to_megatron, spec_from_hf_config
 from megatron_sat.outputs import check_output
+from megatron_sat.parallel.layout import validate
+from megatron_sat.training import checkpointing as ckpt
+from megatron_sat.training.arguments import build_parser
+from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
+from megatron_sat.training.setup import precision_and_layout, scheduler
+from megatron_sat.training.step import build_optimizer, wrap_ddp
 
 SHAPE_FLAGS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
                "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base", "qk_norm_eps",
                "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
 ADAM_STEP = 1e-30
-TRACKER = "latest_checkpointed_iteration.txt"  # = training.checkpointing.TRACKER (that module imports megatron)
 
 
 def trainer_args(spec, trainer_argv: List[str]):
     """The trainer's argument namespace: its defaults, the given flags, and the model's shape."""
-    from megatron_sat.training.arguments import build_parser
-
     parser = build_parser()
     passed = {(a.dest, opt) for a in parser._actions for opt in a.option_strings
               if any(x == opt or x.startswith(opt + "=") for x in trainer_argv)}
@@ -105,24 +110,14 @@ def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, 
     weights = hf_to_megatron(state, spec)  # checks names and shapes first
     args = trainer_args(spec, list(trainer_argv or []))
     save = os.path.abspath(save)
-    if os.path.exists(os.path.join(save, TRACKER)) and not overwrite:
+    if os.path.exists(os.path.join(save, ckpt.TRACKER)) and not overwrite:
         raise ConversionError(f"{save} already holds a checkpoint (pass --overwrite to replace it)")
 
     megatron_io.init_single_process()
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.transformer.module import Float16Module
-
-    from megatron_sat.parallel.layout import Layout, validate
-    from megatron_sat.training.step import build_optimizer, wrap_ddp
-
-    gpu = torch.cuda.is_available()
-    bf16 = gpu if args.bf16 is None else args.bf16
-    dist_opt = gpu if args.use_distributed_optimizer is None else args.use_distributed_optimizer
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    target = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                    vpp=args.num_virtual_stages_per_pipeline_rank, sp=args.sequence_parallel)
+    bf16, dist_opt, dtype, target = precision_and_layout(args)
     config, chunks = megatron_io.make_model(spec, dtype)
-    validate(target, config, target.tp * target.pp, seq_length=args.seq_length)
+    # the world this layout needs; its CP check of the backend is the trainer's (which knows whether TE runs)
+    validate(target, config, target.tp * target.pp * target.cp, seq_length=args.seq_length, backend="te")
     megatron_io.set_full_state(chunks[0], {k: v.to(dtype) for k, v in weights.items()})
     if bf16:
         chunks = [Float16Module(config, c) for c in chunks]
@@ -135,42 +130,31 @@ def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, 
         for group in opt.optimizer.param_groups:
             for p in group["params"]:
                 opt.optimizer.state[p]["step"] = torch.tensor(ADAM_STEP)
-    scheduler = OptimizerParamScheduler(  # as megatron_sat.training.trainer builds it
-        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters or args.train_iters,
-        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters, wd_incr_style="constant")
-
-    from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
-
+    lr_scheduler = scheduler(optimizer, args)  # the trainer's, from the flags given here
     try:  # the trainer's lock: no import into a folder a job trains in
         lock = RunLock(save, log).acquire()
     except (LockHeld, NotWritable) as e:
         raise ConversionError(str(e)) from None
     try:
-        return _write(save, hf_dir, spec, args, chunks, optimizer, scheduler, weights, target, dtype, overwrite, log)
+        return _write(save, hf_dir, spec, args, chunks, optimizer, lr_scheduler, weights, target, dtype, overwrite, log)
     finally:
         lock.release()
 
 
-def _write(save, hf_dir, spec, args, chunks, optimizer, scheduler, weights, target, dtype, overwrite, log) -> dict:
+def _write(save, hf_dir, spec, args, chunks, optimizer, lr_scheduler, weights, target, dtype, overwrite, log) -> dict:
     """The checkpoint (with its manifest, as every trainer save), config.json and the tokenizer into `save`."""
-    from megatron_sat.training import checkpointing as ckpt
-
     if overwrite:
         for name in os.listdir(save):
             if name.startswith("iter_"):
                 shutil.rmtree(os.path.join(save, name))
     tok_src = os.path.join(hf_dir, "tokenizer_config.json")
     if os.path.isfile(tok_src) or os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):
-        from transformers import AutoTokenizer
-
         tok_dir = os.path.join(save, "tokenizer")
         AutoTokenizer.from_pretrained(hf_dir).save_pretrained(tok_dir)
         if not args.tokenizer_model:
             args.tokenizer_model = tok_dir
     recorded = {k: v for k, v in vars(args).items()}
-    path = ckpt.save_checkpoint(save, 0, chunks, optimizer, scheduler, consumed_samples=0, args=recorded)
+    path = ckpt.save_checkpoint(save, 0, chunks, optimizer, lr_scheduler, consumed_samples=0, args=recorded)
     with open(os.path.join(save, "config.json.tmp"), "w") as f:
         json.dump(dict(recorded, vocab_size=spec.vocab_size, imported_from=os.path.abspath(hf_dir)), f, indent=1,
                   sort_keys=True, default=str)

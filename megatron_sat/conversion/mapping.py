@@ -1,25 +1,13 @@
 """Megatron <-> Hugging Face: model description, configs, weight names and layouts (torch only, no megatron).
 
-A `ModelSpec` describes one model independently of both frameworks. The weights move between
-
-  Megatron (full tensors at TP1/PP1, GPTModel.named_parameters names)
-    embedding.word_embeddings.weight                      [V, h]
-    decoder.layers.{i}.input_layernorm.weight             [h]
-    decoder.layers.{i}.self_attention.linear_qkv.weight   [ng * (nq/ng + 2) * hn, h]   per KV group: q heads, k, v
-    decoder.layers.{i}.self_attention.{q,k}_layernorm.weight  [hn]
-    decoder.layers.{i}.self_attention.linear_proj.weight  [h, nq * hn]
-    decoder.layers.{i}.pre_mlp_layernorm.weight           [h]
-    decoder.layers.{i}.mlp.linear_fc1.weight              [2 F, h]  = [gate; up]
-    decoder.layers.{i}.mlp.linear_fc2.weight              [h, F]
-    decoder.final_layernorm.weight                        [h]
-    output_layer.weight                                   [V, h]  (only when untied)
-    SATFormer  decoder.layers.{i}.self_attention.value_residual_gate.weight   [ng, h]
-    ResFormer  decoder.layers.{i}.self_attention.value_residual_lambda2       [1]
-               value_residual_lambdas.{logits [N - 1], scale [1]}
-
-  and Hugging Face
-    SATFormer / ResFormer: the SATFormer authors' names (see hf_code/modeling_valueresidual.py);
+A `ModelSpec` describes one model independently of both frameworks. The weights move between Megatron (full
+tensors at TP1/PP1, GPTModel.named_parameters names: decoder.layers.{i}.self_attention.linear_qkv.weight, ...) and
+Hugging Face:
+    SATFormer / ResFormer and the baselines: the authors' names (see hf_code/modeling_*.py);
     Transformer: transformers' native Qwen3 (per-head q/k RMSNorm, SwiGLU, rotate-half RoPE, no biases).
+The names and shapes on both sides are one table (MODEL_WEIGHTS, LAYER_WEIGHTS, and layer_extras for the baselines'
+own tensors); the shapes, the export and the import all read it. Two tensors change layout: Megatron's fused QKV
+weight (per KV group: its q heads, k, v) and linear_fc1 ([gate; up]).
 
 ResFormer's lambda1 = scale * softmax(logits)[n - 2] over all N - 1 layers after the first, in both (with
 last-k too); a 'fixed' ResFormer (lambda1 = 0.5) is exported with logits 0 for the mixing layers, -inf
@@ -34,7 +22,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from megatron_sat.archs import ARCHS, muddformer_ffn_width
+from megatron_sat.archs import ARCHS, ffn_size
+from megatron_sat.archs import mixing_layers as archs_mixing_layers
 
 CONVERTIBLE = ARCHS  # every arch has an HF format
 # the SATFormer authors' model_type and class-name prefix of each arch exported with remote code
@@ -42,7 +31,6 @@ HF_MODEL_TYPES = {"satformer": "SATFormer", "resformer": "ResFormer", "transform
                   "hyperconnections": "dhc", "denseformer": "denseformer", "muddformer": "muddformer"}
 HF_CLASSES = {"satformer": "SATFormer", "resformer": "ResFormer", "hyperconnections": "HyperConnections",
               "denseformer": "DenseFormer", "muddformer": "MUDDFormer"}
-VALUE_RESIDUAL = ("satformer", "resformer")
 HC_NAMES = {"static_alpha": "static_alpha", "static_beta": "static_beta", "norm.weight": "norm.weight",
             "dynamic_alpha": "dynamic_alpha_proj", "dynamic_beta": "dynamic_beta_proj",
             "dynamic_alpha_scale": "dynamic_alpha_scale", "dynamic_beta_scale": "dynamic_beta_scale"}
@@ -93,16 +81,11 @@ class ModelSpec:
     @property
     def mixing_layers(self) -> list:
         """1-based layers that mix V1 (as SATConfig.mixing_layers)."""
-        if self.arch not in VALUE_RESIDUAL:
-            return []
-        k = self.value_residual_last_k
-        return list(range(2 if k is None else self.num_layers - k + 1, self.num_layers + 1))
+        return archs_mixing_layers(self)
 
     def ffn(self, layer_number: int) -> int:
         """FFN width of 1-based layer_number (MUDDFormer's vary with depth)."""
-        if self.arch != "muddformer":
-            return self.ffn_hidden_size
-        return muddformer_ffn_width(self.ffn_hidden_size, self.num_layers, layer_number, self.muddformer_param_realloc)
+        return ffn_size(self, layer_number)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -234,63 +217,102 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
 
 
 # ------------------------------------------------------------------------------------------------
-# shapes
+# the weight-name table: names and shapes on both sides, written once; shapes, export and import read it
 # ------------------------------------------------------------------------------------------------
 
-def megatron_shapes(spec: ModelSpec) -> Dict[str, tuple]:
-    h, hn, nq, ng, f = spec.hidden_size, spec.kv_channels, spec.num_attention_heads, spec.num_query_groups, \
-        spec.ffn_hidden_size
-    out = {"embedding.word_embeddings.weight": (spec.vocab_size, h), "decoder.final_layernorm.weight": (h,)}
-    if not spec.tied:
-        out["output_layer.weight"] = (spec.vocab_size, h)
-    mixing = spec.mixing_layers
+# (Megatron name, HF name, Megatron shape, HF shape, transform, which models have it) of the model-wide tensors, and
+# of the tensors of every layer i (Megatron's under decoder.layers.{i}., HF's under
+# model.layers.{i}.). {emb}, {attn}, {ln1}, {ln2}: the arch's HF module names (_hf_names). Shapes in the dims of
+# weight_table: h hidden, hn head dim, q = nq hn, kv = ng hn, qkv = (nq + 2 ng) hn, ng KV heads, f the layer's
+# FFN width, V vocabulary, L-1 layers after the first; digits as written.
+# Which: 'all', 'untied' (no tied output layer), ARCH, or 'ARCH mixing' (the layers that mix V1). A fixed ResFormer
+# stores no lambdas: its 'resformer' tensors are HF-only (the export writes lambda1 = 0.5, the import drops them).
+# The two transforms join several HF tensors into one Megatron tensor, in table order: 'qkv' (per KV group its q
+# heads, k and v: Megatron's fused layout) and 'fc1' ([gate; up]); every other tensor moves as it is, reshaped.
+MODEL_WEIGHTS = (
+    ("embedding.word_embeddings.weight", "{emb}", "V h", "V h", None, "all"),
+    ("decoder.final_layernorm.weight", "model.norm.weight", "h", "h", None, "all"),
+    ("output_layer.weight", "lm_head.weight", "V h", "V h", None, "untied"),
+    ("value_residual_lambdas.logits", "model.lambda_manager.lambda_logits", "L-1", "L-1", None, "resformer"),
+    ("value_residual_lambdas.scale", "model.lambda_manager.lambda_scale", "1", "", None, "resformer"),
+)
+LAYER_WEIGHTS = (
+    ("input_layernorm.weight", "{ln1}.weight", "h", "h", None, "all"),
+    ("self_attention.linear_qkv.weight", "{attn}.q_proj.weight", "qkv h", "q h", "qkv", "all"),
+    ("self_attention.linear_qkv.weight", "{attn}.k_proj.weight", "qkv h", "kv h", "qkv", "all"),
+    ("self_attention.linear_qkv.weight", "{attn}.v_proj.weight", "qkv h", "kv h", "qkv", "all"),
+    ("self_attention.q_layernorm.weight", "{attn}.q_norm.weight", "hn", "hn", None, "all"),
+    ("self_attention.k_layernorm.weight", "{attn}.k_norm.weight", "hn", "hn", None, "all"),
+    ("self_attention.linear_proj.weight", "{attn}.o_proj.weight", "h q", "h q", None, "all"),
+    ("pre_mlp_layernorm.weight", "{ln2}.weight", "h", "h", None, "all"),
+    ("mlp.linear_fc1.weight", "mlp.gate_proj.weight", "2f h", "f h", "fc1", "all"),
+    ("mlp.linear_fc1.weight", "mlp.up_proj.weight", "2f h", "f h", "fc1", "all"),
+    ("mlp.linear_fc2.weight", "mlp.down_proj.weight", "h f", "h f", None, "all"),
+    ("self_attention.value_residual_gate.weight", "{attn}.value_residual_mixing.alpha_proj.weight", "ng h", "ng h",
+     None, "satformer mixing"),
+    ("self_attention.value_residual_lambda2", "{attn}.value_residual_mixing.lambda2", "1", "", None,
+     "resformer mixing"),
+)
+
+
+def _split_qkv(qkv: torch.Tensor, spec: ModelSpec) -> List[torch.Tensor]:
+    """Megatron's fused QKV weight -> [q, k, v] (per KV group: its nq/ng query heads, then k, then v)."""
+    hn, ng = spec.kv_channels, spec.num_query_groups
+    g = spec.num_attention_heads // ng
+    qkv = qkv.view(ng, (g + 2) * hn, spec.hidden_size)
+    return [qkv[:, : g * hn].reshape(g * ng * hn, -1), qkv[:, g * hn: (g + 1) * hn].reshape(ng * hn, -1),
+            qkv[:, (g + 1) * hn:].reshape(ng * hn, -1)]
+
+
+def _join_qkv(parts: List[torch.Tensor], spec: ModelSpec) -> torch.Tensor:
+    """[q, k, v] -> Megatron's fused QKV weight; inverse of _split_qkv."""
+    hn, ng, h = spec.kv_channels, spec.num_query_groups, spec.hidden_size
+    g = spec.num_attention_heads // ng
+    q, k, v = parts
+    return torch.cat([q.view(ng, g * hn, h), k.view(ng, hn, h), v.view(ng, hn, h)], dim=1).reshape(-1, h)
+
+
+SPLIT = {"qkv": _split_qkv, "fc1": lambda fc1, spec: list(fc1.chunk(2, dim=0))}
+JOIN = {"qkv": _join_qkv, "fc1": lambda parts, spec: torch.cat(parts)}
+
+
+def _has(which: str, spec: ModelSpec, layer: Optional[int] = None) -> bool:
+    """Whether a table row's tensor is in this model (`which` as in the table; layer 1-based)."""
+    if which in ("all", "untied"):
+        return which == "all" or not spec.tied
+    arch, _, mixing = which.partition(" ")
+    return spec.arch == arch and (not mixing or layer in spec.mixing_layers)
+
+
+def weight_table(spec: ModelSpec) -> List[Tuple[Optional[str], str, tuple, tuple, Optional[str]]]:
+    """(Megatron name or None for an HF-only tensor, HF name, Megatron shape, HF shape, transform) of every tensor
+    of the model: MODEL_WEIGHTS, LAYER_WEIGHTS for each layer and the baselines' own tensors (layer_extras)."""
+    hn, nq, ng, h = spec.kv_channels, spec.num_attention_heads, spec.num_query_groups, spec.hidden_size
+    names = _hf_names(spec.arch)
+    dims = {"h": h, "hn": hn, "q": nq * hn, "kv": ng * hn, "qkv": (nq + 2 * ng) * hn, "ng": ng, "V": spec.vocab_size,
+            "L-1": spec.num_layers - 1}
+    hf_only = spec.arch == "resformer" and spec.resformer_lambdas == "fixed"
+
+    def row(meg, hf, meg_shape, hf_shape, transform, which):
+        def shape(text):
+            return tuple(int(d) if d.isdigit() else dims[d] for d in text.split())
+        meg = None if hf_only and which.startswith("resformer") else meg
+        return meg, hf.format(**names), shape(meg_shape), shape(hf_shape), transform
+
+    rows = [row(*r) for r in MODEL_WEIGHTS if _has(r[-1], spec)]
     for i in range(spec.num_layers):
-        p, f = f"decoder.layers.{i}.", spec.ffn(i + 1)
-        out.update({
-            p + "input_layernorm.weight": (h,),
-            p + "self_attention.linear_qkv.weight": ((nq + 2 * ng) * hn, h),
-            p + "self_attention.q_layernorm.weight": (hn,),
-            p + "self_attention.k_layernorm.weight": (hn,),
-            p + "self_attention.linear_proj.weight": (h, nq * hn),
-            p + "pre_mlp_layernorm.weight": (h,),
-            p + "mlp.linear_fc1.weight": (2 * f, h),
-            p + "mlp.linear_fc2.weight": (h, f),
-        })
-        if i + 1 in mixing and spec.arch == "satformer":
-            out[p + "self_attention.value_residual_gate.weight"] = (ng, h)
-        if i + 1 in mixing and spec.arch == "resformer" and spec.resformer_lambdas == "learned":
-            out[p + "self_attention.value_residual_lambda2"] = (1,)
-    out.update({meg: shape for meg, _, shape, _ in layer_extras(spec)})
-    if spec.arch == "resformer" and spec.resformer_lambdas == "learned":
-        out["value_residual_lambdas.logits"] = (spec.num_layers - 1,)
-        out["value_residual_lambdas.scale"] = (1,)
-    return out
+        dims.update({"f": spec.ffn(i + 1), "2f": 2 * spec.ffn(i + 1)})
+        rows += [row(f"decoder.layers.{i}." + meg, f"model.layers.{i}." + hf, *rest)
+                 for meg, hf, *rest in LAYER_WEIGHTS if _has(rest[-1], spec, i + 1)]
+    return rows + [(meg, hf, meg_shape, hf_shape, None) for meg, hf, meg_shape, hf_shape in layer_extras(spec)]
+
+
+def megatron_shapes(spec: ModelSpec) -> Dict[str, tuple]:
+    return {meg: shape for meg, _, shape, _, _ in weight_table(spec) if meg}
 
 
 def hf_shapes(spec: ModelSpec) -> Dict[str, tuple]:
-    h, hn, nq, ng, f = spec.hidden_size, spec.kv_channels, spec.num_attention_heads, spec.num_query_groups, \
-        spec.ffn_hidden_size
-    n = _hf_names(spec.arch)
-    out = {n["emb"]: (spec.vocab_size, h), "model.norm.weight": (h,)}
-    if not spec.tied:
-        out["lm_head.weight"] = (spec.vocab_size, h)
-    out.update({hf: shape for _, hf, _, shape in layer_extras(spec)})
-    for i in range(spec.num_layers):
-        p, a, f = f"model.layers.{i}.", f"model.layers.{i}.{n['attn']}.", spec.ffn(i + 1)
-        out.update({p + n["ln1"] + ".weight": (h,), a + "q_proj.weight": (nq * hn, h),
-                    a + "k_proj.weight": (ng * hn, h), a + "v_proj.weight": (ng * hn, h),
-                    a + "o_proj.weight": (h, nq * hn), a + "q_norm.weight": (hn,), a + "k_norm.weight": (hn,),
-                    p + n["ln2"] + ".weight": (h,), p + "mlp.gate_proj.weight": (f, h),
-                    p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f)})
-        if i + 1 in spec.mixing_layers:
-            if spec.arch == "satformer":
-                out[a + "value_residual_mixing.alpha_proj.weight"] = (ng, h)
-            else:
-                out[a + "value_residual_mixing.lambda2"] = ()
-    if spec.arch == "resformer":
-        out["model.lambda_manager.lambda_scale"] = ()
-        out["model.lambda_manager.lambda_logits"] = (spec.num_layers - 1,)
-    return out
+    return {hf: shape for _, hf, _, shape, _ in weight_table(spec)}
 
 
 def hc_shapes(spec: ModelSpec) -> Dict[str, tuple]:
@@ -353,51 +375,34 @@ def check_shapes(state: Dict[str, torch.Tensor], expected: Dict[str, tuple], wha
 # weights
 # ------------------------------------------------------------------------------------------------
 
+def _fixed_resformer_lambdas(spec: ModelSpec, dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+    """The HF lambdas of a fixed ResFormer (lambda1 = lambda2 = 0.5 in the mixing layers): lambda2 0.5, logits 0 for
+    the mixing layers and -inf (an exact zero weight) for the others, scale 0.5 m."""
+    mixing = spec.mixing_layers
+    logits = torch.full((spec.num_layers - 1,), -math.inf, dtype=dtype)
+    logits[torch.tensor([layer - 2 for layer in mixing])] = 0.0  # 1-based layer n -> index n - 2
+    out = {"model.lambda_manager.lambda_logits": logits,
+           "model.lambda_manager.lambda_scale": torch.tensor(0.5 * len(mixing), dtype=dtype)}
+    attn = _hf_names(spec.arch)["attn"]
+    out.update({f"model.layers.{n - 1}.{attn}.value_residual_mixing.lambda2": torch.tensor(0.5, dtype=dtype)
+                for n in mixing})
+    return out
+
+
 def megatron_to_hf(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str, torch.Tensor]:
     """Full Megatron tensors (TP1/PP1 names) -> HF tensors (contiguous, same dtype)."""
     check_shapes(state, megatron_shapes(spec), "the Megatron checkpoint")
-    hn, nq, ng = spec.kv_channels, spec.num_attention_heads, spec.num_query_groups
-    g = nq // ng
-    n = _hf_names(spec.arch)
-    out = {n["emb"]: state["embedding.word_embeddings.weight"], "model.norm.weight": state["decoder.final_layernorm.weight"]}
-    if not spec.tied:
-        out["lm_head.weight"] = state["output_layer.weight"]
-    out.update({hf: state[meg].reshape(shape) for meg, hf, _, shape in layer_extras(spec)})
-    mixing = spec.mixing_layers
-    fixed = spec.arch == "resformer" and spec.resformer_lambdas == "fixed"
-    for i in range(spec.num_layers):
-        m, p, a = f"decoder.layers.{i}.", f"model.layers.{i}.", f"model.layers.{i}.{n['attn']}."
-        qkv = state[m + "self_attention.linear_qkv.weight"]
-        qkv = qkv.view(ng, (g + 2) * hn, spec.hidden_size)
-        gate, up = state[m + "mlp.linear_fc1.weight"].chunk(2, dim=0)
-        out.update({
-            p + n["ln1"] + ".weight": state[m + "input_layernorm.weight"],
-            a + "q_proj.weight": qkv[:, : g * hn].reshape(nq * hn, -1),
-            a + "k_proj.weight": qkv[:, g * hn: (g + 1) * hn].reshape(ng * hn, -1),
-            a + "v_proj.weight": qkv[:, (g + 1) * hn:].reshape(ng * hn, -1),
-            a + "o_proj.weight": state[m + "self_attention.linear_proj.weight"],
-            a + "q_norm.weight": state[m + "self_attention.q_layernorm.weight"],
-            a + "k_norm.weight": state[m + "self_attention.k_layernorm.weight"],
-            p + n["ln2"] + ".weight": state[m + "pre_mlp_layernorm.weight"],
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": state[m + "mlp.linear_fc2.weight"],
-        })
-        if i + 1 in mixing and spec.arch == "satformer":
-            out[a + "value_residual_mixing.alpha_proj.weight"] = state[m + "self_attention.value_residual_gate.weight"]
-        if i + 1 in mixing and spec.arch == "resformer":
-            lam2 = torch.tensor(0.5, dtype=qkv.dtype) if fixed else state[m + "self_attention.value_residual_lambda2"]
-            out[a + "value_residual_mixing.lambda2"] = lam2.reshape(())
-    if spec.arch == "resformer":
-        dtype = state["embedding.word_embeddings.weight"].dtype
-        if fixed:  # lambda1 = 0.5 for every mixing layer, 0 for the others
-            logits = torch.full((spec.num_layers - 1,), -math.inf, dtype=dtype)
-            logits[torch.tensor([layer - 2 for layer in mixing])] = 0.0  # 1-based layer n -> index n - 2
-            scale = torch.tensor(0.5 * len(mixing), dtype=dtype)
-        else:  # the same softmax over layers 2..N on both sides
-            logits = state["value_residual_lambdas.logits"]
-            scale = state["value_residual_lambdas.scale"].reshape(())
-        out["model.lambda_manager.lambda_logits"] = logits
-        out["model.lambda_manager.lambda_scale"] = scale
+    table = weight_table(spec)
+    hf_only = _fixed_resformer_lambdas(spec, state["embedding.word_embeddings.weight"].dtype) \
+        if any(meg is None for meg, *_ in table) else {}
+    out, parts = {}, {}
+    for meg, hf, _, hf_shape, transform in table:
+        if meg is None:
+            out[hf] = hf_only[hf]
+        elif transform:  # the next of the HF tensors this Megatron tensor splits into, in table order
+            out[hf] = parts.setdefault(meg, SPLIT[transform](state[meg], spec)).pop(0)
+        else:
+            out[hf] = state[meg].reshape(hf_shape)
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -407,34 +412,15 @@ def hf_to_megatron(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str,
     if spec.tied:
         state.pop("lm_head.weight", None)  # some writers save the tied copy too
     check_shapes(state, hf_shapes(spec), "the Hugging Face weights")
-    hn, nq, ng, h = spec.kv_channels, spec.num_attention_heads, spec.num_query_groups, spec.hidden_size
-    g = nq // ng
-    n = _hf_names(spec.arch)
-    out = {"embedding.word_embeddings.weight": state[n["emb"]], "decoder.final_layernorm.weight": state["model.norm.weight"]}
-    if not spec.tied:
-        out["output_layer.weight"] = state["lm_head.weight"]
-    out.update({meg: state[hf].reshape(shape) for meg, hf, shape, _ in layer_extras(spec)})
-    mixing = spec.mixing_layers
-    learned = spec.arch == "resformer" and spec.resformer_lambdas == "learned"
-    for i in range(spec.num_layers):
-        m, p, a = f"decoder.layers.{i}.", f"model.layers.{i}.", f"model.layers.{i}.{n['attn']}."
-        qkv = torch.cat([state[a + "q_proj.weight"].view(ng, g * hn, h), state[a + "k_proj.weight"].view(ng, hn, h),
-                         state[a + "v_proj.weight"].view(ng, hn, h)], dim=1)
-        out.update({
-            m + "input_layernorm.weight": state[p + n["ln1"] + ".weight"],
-            m + "self_attention.linear_qkv.weight": qkv.reshape(-1, h),
-            m + "self_attention.q_layernorm.weight": state[a + "q_norm.weight"],
-            m + "self_attention.k_layernorm.weight": state[a + "k_norm.weight"],
-            m + "self_attention.linear_proj.weight": state[a + "o_proj.weight"],
-            m + "pre_mlp_layernorm.weight": state[p + n["ln2"] + ".weight"],
-            m + "mlp.linear_fc1.weight": torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]),
-            m + "mlp.linear_fc2.weight": state[p + "mlp.down_proj.weight"],
-        })
-        if i + 1 in mixing and spec.arch == "satformer":
-            out[m + "self_attention.value_residual_gate.weight"] = state[a + "value_residual_mixing.alpha_proj.weight"]
-        if i + 1 in mixing and learned:
-            out[m + "self_attention.value_residual_lambda2"] = state[a + "value_residual_mixing.lambda2"].reshape(1)
-    if learned:
-        out["value_residual_lambdas.logits"] = state["model.lambda_manager.lambda_logits"]
-        out["value_residual_lambdas.scale"] = state["model.lambda_manager.lambda_scale"].reshape(1)
+    out, parts = {}, {}
+    for meg, hf, meg_shape, _, transform in weight_table(spec):
+        if meg is None:
+            continue
+        if transform:  # joined below from all of its HF tensors
+            out[meg] = None
+            parts.setdefault(meg, (transform, []))[1].append(state[hf])
+        else:
+            out[meg] = state[hf].reshape(meg_shape)
+    for meg, (transform, tensors) in parts.items():
+        out[meg] = JOIN[transform](tensors, spec)
     return {k: v.contiguous() for k, v in out.items()}

@@ -155,7 +155,3 @@ def encode_chunk(task) -> Encoded:
     lengths = numpy.fromiter((len(d) for d in docs), dtype=numpy.int64, count=len(docs))
     ids = numpy.fromiter(chain.from_iterable(docs), dtype=dtype, count=int(lengths.sum()))
     return Encoded(ids, lengths, len(texts) - len(docs), bad, len(chunk.items))
-
-
-def worker_state() -> Optional[dict]:
-    return _STATE or None

@@ -191,7 +191,7 @@ def preprocess(
     except (OSError, ValueError) as e:
         raise PreprocessError(f"{_ERR} {e}") from None
     try:
-        tok = load_tokenizer(tokenizer, eod_token=eod_token)
+        tok = load_tokenizer(tokenizer, eod_token=eod_token, plain=True)
         init_worker(tok, json_key, append_eod, add_bos)
     except (OSError, ValueError) as e:
         raise PreprocessError(f"{_ERR} cannot load tokenizer: {e}") from None

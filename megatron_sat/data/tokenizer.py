@@ -141,6 +141,87 @@ class NullTokenizer:
         return f"NullTokenizer(vocab_size={self.vocab_size})"
 
 
+# tokenizer_config.json keys that change neither encode(text, add_special_tokens=False) nor the special token ids
+# (chat_template and model_input_names only matter to chat formatting and model inputs).
+_PLAIN_CONFIG_KEYS = {"backend", "tokenizer_class", "bos_token", "eos_token", "pad_token", "unk_token",
+                      "clean_up_tokenization_spaces", "model_max_length", "added_tokens_decoder",
+                      "chat_template", "model_input_names"}
+_PLAIN_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+class TokenizersOnly:
+    """What preprocessing reads of a ``transformers`` fast tokenizer, straight from the ``tokenizers`` library.
+
+    Loading a tokenizer folder through ``transformers`` imports torch (about 2.5 of the 3 CPU s a preprocessing
+    run spends before its first document); this stand-in costs 0.3 s. :func:`plain_tokenizer` builds it only
+    for a tokenizer whose ``transformers`` load could not give other ids (tests/test_preprocess_fast.py compares
+    the two, backend JSON included). Written here because ``tokenizers`` has no notion of eos/bos ids.
+    """
+
+    is_fast = True
+
+    def __init__(self, backend, eos: str, bos: Optional[str], pad: Optional[str]) -> None:
+        self.backend_tokenizer = backend
+        self.model_max_length = sys.maxsize
+        self.eos_token_id = backend.token_to_id(eos)
+        self.bos_token_id = None if bos is None else backend.token_to_id(bos)
+        self.pad_token_id = None if pad is None else backend.token_to_id(pad)
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict:
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> List[int]:
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+        return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _token_text(value) -> Optional[str]:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def plain_tokenizer(name: str, eod_token: Optional[str] = None) -> Optional[TokenizersOnly]:
+    """A :class:`TokenizersOnly` for a ``tokenizer.json`` file, or a folder of ``tokenizer.json`` and a
+    ``tokenizer_config.json`` of a plain fast class and only :data:`_PLAIN_CONFIG_KEYS` whose special tokens are
+    all in the vocabulary; None for anything else (then ``transformers`` loads it)."""
+    from tokenizers import Tokenizer as RawTokenizer
+
+    if os.path.isfile(name):
+        if not name.endswith(".json"):
+            return None
+        try:
+            raw = RawTokenizer.from_file(name)
+        except Exception:  # noqa: BLE001 (load_tokenizer's transformers path reports it)
+            return None
+        vocab = raw.get_vocab(with_added_tokens=True)
+        eos = eod_token or next((t for t in _EOD_CANDIDATES if t in vocab), None)
+        return TokenizersOnly(raw, eos, None, None) if eos in vocab else None
+    folder_files = set(os.listdir(name)) if os.path.isdir(name) else set()
+    if not {"tokenizer.json", "tokenizer_config.json"} <= folder_files or folder_files & {
+            "special_tokens_map.json", "added_tokens.json", "tokenizer.model"}:
+        return None
+    try:
+        with open(os.path.join(name, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        raw = RawTokenizer.from_file(os.path.join(name, "tokenizer.json"))
+    except Exception:  # noqa: BLE001 (load_tokenizer's transformers path reports it)
+        return None
+    if set(config) - _PLAIN_CONFIG_KEYS or config.get("tokenizer_class") not in _PLAIN_CLASSES:
+        return None
+    specials = {k: _token_text(config.get(k)) for k in ("eos_token", "bos_token", "pad_token", "unk_token")}
+    specials["eos_token"] = eod_token or specials["eos_token"]
+    added = config.get("added_tokens_decoder") or {}
+    if any(raw.id_to_token(int(i)) != _token_text(t) for i, t in added.items()):
+        return None
+    if specials["eos_token"] is None or any(t is not None and raw.token_to_id(t) is None for t in specials.values()):
+        return None
+    return TokenizersOnly(raw, specials["eos_token"], specials["bos_token"], specials["pad_token"])
+
+
 def _looks_like_local_path(name: str) -> bool:
     """Hub names are ``name`` or ``org/name``; anything else with a separator is a path."""
     return (
@@ -151,13 +232,14 @@ def _looks_like_local_path(name: str) -> bool:
     )
 
 
-def load_tokenizer(name_or_path: str, eod_token: Optional[str] = None) -> Tokenizer:
+def load_tokenizer(name_or_path: str, eod_token: Optional[str] = None, plain: bool = False) -> Tokenizer:
     """Load a tokenizer from a local folder, a ``tokenizers`` JSON file, or a hub name.
 
     Args:
         name_or_path: folder with ``tokenizer.json``/``tokenizer_config.json`` (or a
             sentencepiece ``tokenizer.model``), a ``.json`` tokenizers file, or a hub name.
         eod_token: end-of-document token text, overriding the tokenizer's eos token.
+        plain: without ``transformers`` (and torch) where :func:`plain_tokenizer` applies (preprocessing).
 
     Raises:
         FileNotFoundError: the local path does not exist.
@@ -166,7 +248,10 @@ def load_tokenizer(name_or_path: str, eod_token: Optional[str] = None) -> Tokeni
     if isinstance(name_or_path, Tokenizer):
         return name_or_path
     name = os.path.expanduser(os.fspath(name_or_path))
-    import transformers
+    light = plain_tokenizer(name, eod_token) if plain else None
+    if light is not None:
+        return Tokenizer(light, name)
+    import transformers  # here: it imports torch (2.5 CPU s), which plain loads avoid
 
     extra = {} if eod_token is None else {"eos_token": eod_token}
 

@@ -156,7 +156,7 @@ class ValueResidualSelfAttention(SelfAttention):
         if self.v1 is None:
             raise RuntimeError(
                 f"layer {self.layer_number} mixes V1 but none reached it: the model must pass V1 "
-                "between layers and pipeline stages (use megatron_sat.model.build_model and "
+                "between layers and pipeline stages (use megatron_sat.model.gpt.build_model and "
                 "megatron_sat.parallel.pipeline.forward_backward)"
             )
         return self.v1

@@ -24,18 +24,9 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from megatron_sat.archs import (  # noqa: F401
-    ARCHS,
-    BASELINES,
-    GATE_IMPLS,
-    GATES,
-    LOCAL_ATTENTION,
-    OUTPUT_LAYER_INITS,
-    RESFORMER_LAMBDAS,
-    muddformer_ffn_width,
-)
-from megatron_sat.archs import DENSE as DENSE_ARCHS
-from megatron_sat.archs import VALUE_RESIDUAL as VALUE_RESIDUAL_ARCHS
+from megatron_sat.archs import DENSE, GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, VALUE_RESIDUAL, arch_errors
+from megatron_sat.archs import mixing_layers as archs_mixing_layers
+from megatron_sat.model.fused_gate import applies as fused_gate_applies
 
 
 @dataclass
@@ -43,7 +34,8 @@ class SATConfig(TransformerConfig):
     """TransformerConfig with the SATFormer / ResFormer switches."""
 
     arch: str = "satformer"
-    """One of ARCHS. 'transformer' is plain Megatron; the other two carry V1 through the model."""
+    """One of megatron_sat.archs.ARCHS. 'transformer' is plain Megatron; resformer and satformer carry V1
+    through the model (VALUE_RESIDUAL), the others are the dense-connection baselines (BASELINES)."""
 
     value_residual_gate: str = "relu"
     """SATFormer gate function applied to x @ W_alpha (one of GATES); relu is the paper's."""
@@ -102,35 +94,17 @@ class SATConfig(TransformerConfig):
                              f"{', '.join(LOCAL_ATTENTION)}")
         if not self.qk_norm_eps > 0:
             raise ValueError(f"qk_norm_eps must be > 0 (got {self.qk_norm_eps}); the authors' q/k norms use 1e-5")
-        if self.arch not in ARCHS:
-            raise ValueError(f"unknown arch {self.arch!r}; choose one of {', '.join(ARCHS)}")
-        if self.value_residual_gate not in GATES:
-            raise ValueError(
-                f"unknown value_residual_gate {self.value_residual_gate!r}; "
-                f"choose one of {', '.join(GATES)}"
-            )
-        if self.value_residual_gate_impl not in GATE_IMPLS:
-            raise ValueError(f"unknown value_residual_gate_impl {self.value_residual_gate_impl!r}; "
-                             f"choose one of {', '.join(GATE_IMPLS)}")
-        if self.resformer_lambdas not in RESFORMER_LAMBDAS:
-            raise ValueError(
-                f"unknown resformer_lambdas {self.resformer_lambdas!r}; "
-                f"choose one of {', '.join(RESFORMER_LAMBDAS)}"
-            )
-        if self.arch == "hyperconnections" and self.hc_expansion_rate < 1:
-            raise ValueError(f"hc_expansion_rate must be >= 1 (got {self.hc_expansion_rate})")
-        if self.arch in DENSE_ARCHS and self.recompute_granularity == "full":
-            raise ValueError(
-                f"arch {self.arch!r} carries every earlier layer's output from layer to layer, which "
-                "full activation recompute cannot checkpoint; use recompute_granularity='selective'"
-            )
+        errors = arch_errors(self.arch, fp8=self.fp8, recompute_granularity=self.recompute_granularity,
+                             hc_expansion_rate=self.hc_expansion_rate, value_residual_gate=self.value_residual_gate,
+                             resformer_lambdas=self.resformer_lambdas,
+                             value_residual_gate_impl=self.value_residual_gate_impl, spelling="fields")
+        if errors:
+            raise ValueError("; ".join(errors))
         if self.arch == "muddformer" and self.num_query_groups < self.tensor_model_parallel_size:
             raise ValueError(
                 f"muddformer needs num_query_groups ({self.num_query_groups}) >= tensor parallel size "
                 f"({self.tensor_model_parallel_size}): its Q, K and V come from different inputs"
             )
-        if self.arch in BASELINES and self.fp8:
-            raise ValueError(f"FP8 is not supported for the {self.arch} baseline (BF16 only)")
         if not self.uses_value_residual:
             return
         if self.num_layers < 2:
@@ -151,42 +125,27 @@ class SATConfig(TransformerConfig):
 
     @property
     def uses_value_residual(self) -> bool:
-        return self.arch in VALUE_RESIDUAL_ARCHS
+        return self.arch in VALUE_RESIDUAL
 
     @property
     def fused_value_residual_gate(self) -> bool:
         """SATFormer's gate rows live in linear_qkv (value_residual_gate_impl 'fused', where it applies)."""
-        from megatron_sat.model.fused_gate import applies
-
-        return applies(self, self.tensor_model_parallel_size)
+        return fused_gate_applies(self, self.tensor_model_parallel_size)
 
     @property
     def is_dense(self) -> bool:
         """DenseFormer and MUDDFormer: layers read a growing list of all earlier layers' outputs."""
-        return self.arch in DENSE_ARCHS
+        return self.arch in DENSE
 
     @property
     def mixing_layers(self) -> list:
         """Global 1-based numbers of the layers that mix V1 into their values."""
-        if not self.uses_value_residual:
-            return []
-        first = 2 if self.value_residual_last_k is None else self.num_layers - self.value_residual_last_k + 1
-        return list(range(first, self.num_layers + 1))
+        return archs_mixing_layers(self)
 
     @property
     def v1_channels(self) -> int:
         """Width of V1 over all KV heads: num_query_groups * kv_channels."""
         return self.num_query_groups * self.kv_channels
-
-
-def muddformer_ffn_size(config: "SATConfig", layer_number: int) -> int:
-    """MUDDFormer's per-layer FFN width (param_realloc): 0.5x at layer 1 to 1.5x at layer L.
-
-    Rounded to the nearest multiple of 256, at least 256, as the authors do (at every size, so that
-    an export computes what their MUDDFormer code computes).
-    """
-    return muddformer_ffn_width(config.ffn_hidden_size, config.num_layers, layer_number,
-                                config.muddformer_param_realloc)
 
 
 def gate_function(name: str):
@@ -203,7 +162,7 @@ def gate_function(name: str):
         return lambda x: torch.softmax(x, dim=-1) * x.shape[-1]
     if name == "softmax_sigmoid":  # the authors' definition, also scaled by N_kv
         return lambda x: torch.softmax(x, dim=-1) * torch.sigmoid(x) * x.shape[-1]
-    raise ValueError(f"unknown gate {name!r}")
+    raise ValueError(f"unknown gate {name!r}; choose one of {', '.join(GATES)}")
 
 
 def make_config(

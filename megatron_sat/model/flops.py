@@ -31,27 +31,22 @@ Norms, RoPE, softmax and the loss are left out, as in the usual MFU conventions.
 
 from typing import Optional
 
+from megatron_sat.archs import ffn_size, mixing_layers
+
 # dense bf16 peak per device (no sparsity)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
-
-
-def _mixing_layers(cfg) -> int:
-    if getattr(cfg, "arch", "transformer") not in ("resformer", "satformer"):
-        return 0
-    k = getattr(cfg, "value_residual_last_k", None)
-    return cfg.num_layers - 1 if k is None else k
 
 
 def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = None) -> dict:
     """Forward FLOPs per token by term. cfg: anything with SATConfig's field names; tp: the TP size the
     fused gate's padding is counted for (default the config's tensor_model_parallel_size, else 1)."""
-    from megatron_sat.model.fused_gate import padding_rows  # no Megatron import
+    from megatron_sat.model.fused_gate import padding_rows  # here: fused_gate imports torch, this module does not
     h, L, nh = cfg.hidden_size, cfg.num_layers, cfg.num_attention_heads
     ng = getattr(cfg, "num_query_groups", None) or nh
     d = getattr(cfg, "kv_channels", None) or h // nh
     f = getattr(cfg, "ffn_hidden_size", None) or 4 * h
     mlp_mats = 3 if getattr(cfg, "gated_linear_unit", True) else 2
-    m = _mixing_layers(cfg)
+    m = len(mixing_layers(cfg))
     out = dict(
         qkv=L * 2 * h * d * (nh + 2 * ng),
         attention=L * 4 * seq_length * nh * d,
@@ -69,13 +64,8 @@ def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = N
     elif cfg.arch == "resformer":
         out["mixing"] = m * 3 * ng * d
     out["connections"] = _connections(cfg, h, L)
-    if cfg.arch == "muddformer" and getattr(cfg, "muddformer_param_realloc", True):
-        from types import SimpleNamespace
-
-        from megatron_sat.model.config import muddformer_ffn_size  # importing it needs no Megatron process group
-
-        shape = SimpleNamespace(ffn_hidden_size=f, num_layers=L, muddformer_param_realloc=True)
-        out["mlp"] = sum(2 * h * muddformer_ffn_size(shape, i) * mlp_mats for i in range(1, L + 1))
+    if cfg.arch == "muddformer":
+        out["mlp"] = sum(2 * h * ffn_size(cfg, i) * mlp_mats for i in range(1, L + 1))
     return out
 
 
@@ -109,8 +99,7 @@ def peak_flops_per_device(override_tflops: Optional[float] = None) -> Optional[f
     """Peak FLOP/s of this process's device: the override, the table entry for the GPU, else None (CPU)."""
     if override_tflops:
         return override_tflops * 1e12
-    import torch
-
+    import torch  # here: importing this module (the planner, the Slurm tools) loads no torch
     if not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name()

@@ -9,7 +9,7 @@ Layer i reads four streams made from all earlier outputs X_0 (embedding) .. X_{i
 
 The last layer makes only the R stream (C = 1), which goes to the final norm. As in the authors'
 configs: 4 ways, pre/post depth-aggregate norms (post weights init 1e-3, W1 ~ N(0, 1/h), W2 = 0,
-static = 0) and param_realloc FFN widths (megatron_sat.model.config.muddformer_ffn_size).
+static = 0) and param_realloc FFN widths (megatron_sat.archs.ffn_size).
 
 Q, K and V are projected with slices of Megatron's fused linear_qkv weight, one GEMM per input, so
 the FLOPs equal one fused QKV projection. The streams (X^Q, X^K, X^V, history) travel in Megatron's
@@ -21,6 +21,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -30,8 +31,9 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, get_tr
 from megatron.core.utils import get_pg_rank
 from torch.utils.checkpoint import checkpoint
 
+from megatron_sat.archs import ffn_size
 from megatron_sat.model import dense_transport
-from megatron_sat.model.config import SATConfig, muddformer_ffn_size
+from megatron_sat.model.config import SATConfig
 from megatron_sat.model.denseformer import weighted_sum
 
 
@@ -116,11 +118,9 @@ class MUDDFormerLayer(TransformerLayer):
 
     def __init__(self, config: SATConfig, submodules, layer_number: int = 1, *args, vp_stage=None,
                  pg_collection=None, **kwargs):
-        from megatron.core.process_groups_config import ProcessGroupCollection
-
         pg_collection = pg_collection or ProcessGroupCollection.use_mpu_process_groups()
         number = layer_number + get_transformer_layer_offset(config, vp_stage, get_pg_rank(pg_collection.pp))
-        layer_config = dataclasses.replace(config, ffn_hidden_size=muddformer_ffn_size(config, number))
+        layer_config = dataclasses.replace(config, ffn_hidden_size=ffn_size(config, number))
         super().__init__(layer_config, submodules, layer_number, *args, vp_stage=vp_stage,
                          pg_collection=pg_collection, **kwargs)
         assert self.layer_number == number

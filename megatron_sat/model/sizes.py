@@ -8,6 +8,8 @@ scale differ only in the value residual.
 
 from typing import Optional
 
+from megatron_sat.archs import ffn_size
+
 PAPER_VOCAB = 32000  # Llama-2 tokenizer
 PAPER_SEQ_LENGTH = 4096
 
@@ -25,8 +27,7 @@ def count_parameters(config, vocab_size: int, tied_embeddings: bool = True, tp: 
     "gate_padding": the zero rows of SATFormer's fused gate (megatron_sat.model.fused_gate), which pad
     each TP rank's QKV weight to a multiple of 16 rows; they depend on the TP size `tp` (default the
     config's tensor_model_parallel_size) and are counted in "total" (they take memory)."""
-    from megatron_sat.model.fused_gate import padding_rows  # no Megatron import
-
+    from megatron_sat.model.fused_gate import padding_rows  # here: `import recipes` reads PAPER_SCALES, no torch
     h, L = config.hidden_size, config.num_layers
     hn, nq, ng = config.kv_channels, config.num_attention_heads, config.num_query_groups
     attention = h * (nq + 2 * ng) * hn + nq * hn * h  # linear_qkv + linear_proj
@@ -44,9 +45,7 @@ def count_parameters(config, vocab_size: int, tied_embeddings: bool = True, tp: 
     if config.arch == "denseformer":
         connections = sum(i + 1 for i in range(1, L + 1))  # DWA weights over X_0..X_i after layer i
     elif config.arch == "muddformer":
-        from megatron_sat.model.config import muddformer_ffn_size  # here: importing sizes needs no Megatron
-
-        mlp_total = sum(h * muddformer_ffn_size(config, i) * mlp_factor for i in range(1, L + 1))
+        mlp_total = sum(h * ffn_size(config, i) * mlp_factor for i in range(1, L + 1))
         norms_total += L * 2 * h  # key and value input norms
         for i in range(1, L + 1):  # depth aggregate: w1, w2, static weights, pre-norms, post-norms
             C, k = (4 if i < L else 1), i + 1

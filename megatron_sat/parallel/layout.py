@@ -57,8 +57,12 @@ def validate(
     seq_length: Optional[int] = None,
     num_microbatches: Optional[int] = None,
     backend: str = "local",
+    micro_batch_size: Optional[int] = None,
+    global_batch_size: Optional[int] = None,
 ) -> None:
-    """Raise ValueError naming every way `layout` cannot run `config` (nothing is allocated)."""
+    """Raise ValueError naming every way `layout` cannot run `config` (nothing is allocated). With
+    micro_batch_size and global_batch_size also the global batch against micro-batch x DP (and, when
+    num_microbatches is not given, the micro-batch count it makes)."""
     errors = []
     tp, pp, cp, vpp = layout.tp, layout.pp, layout.cp, layout.vpp
     for name, value in (("tensor", tp), ("pipeline", pp), ("context", cp)):
@@ -72,6 +76,13 @@ def validate(
         errors.append(f"num_attention_heads={config.num_attention_heads} is not divisible by TP={tp}")
     if config.num_query_groups % tp:
         errors.append(f"KV heads (num_query_groups={config.num_query_groups}) are not divisible by TP={tp}")
+    if micro_batch_size is not None and global_batch_size is not None:
+        dp = max(layout.dp(world_size), 1)
+        if micro_batch_size < 1 or global_batch_size % (micro_batch_size * dp):
+            errors.append(f"global batch {global_batch_size} is not divisible by micro-batch x DP = "
+                          f"{micro_batch_size} x {dp}")
+        elif num_microbatches is None:
+            num_microbatches = global_batch_size // (micro_batch_size * dp)
     stages = pp * (vpp or 1)
     if config.num_layers % stages:
         what = f"PP x VPP = {pp} x {vpp}" if vpp else f"PP = {pp}"

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from megatron_sat import compat
+from megatron_sat.parallel.world import in_slurm_step
 
 
 def free_port() -> int:
@@ -22,18 +23,19 @@ def free_port() -> int:
 def init_from_env(single_only: bool = False, timeout_minutes: Optional[float] = None) -> None:
     """Initialise the default process group (a no-op when one exists).
 
-    torchrun sets RANK/WORLD_SIZE/MASTER_*; under srun they come from SLURM_PROCID/SLURM_NTASKS (the master
-    from SLURM_LAUNCH_NODE_IPADDR and the job id, unless MASTER_ADDR/PORT are set, as slurm/launch.sh does);
-    a lone process becomes rank 0 of 1 on a free local port. single_only: refuse a world larger than 1
-    (ValueError), for tools that run in one process. timeout_minutes: how long a collective may wait before it
-    fails (the trainer's --distributed-timeout-minutes; torch's default otherwise)."""
+    torchrun sets RANK/WORLD_SIZE/MASTER_*; under srun they come from SLURM_PROCID/SLURM_NTASKS of a job step
+    (parallel/world.py: not the sbatch script itself; the master from SLURM_LAUNCH_NODE_IPADDR and the job id,
+    unless MASTER_ADDR/PORT are set, as slurm/launch.sh does); a lone process becomes rank 0 of 1 on a free local
+    port. single_only: refuse a world larger than 1 (ValueError), for tools that run in one process.
+    timeout_minutes: how long a collective may wait before it fails (the trainer's --distributed-timeout-minutes;
+    torch's default otherwise)."""
     compat.ensure_cpu_compat()
     env = os.environ
     if torch.distributed.is_initialized():
         if single_only and torch.distributed.get_world_size() != 1:
             raise ValueError("this tool runs in one process; do not launch it with torchrun / srun")
         return
-    if "RANK" not in env and "SLURM_PROCID" in env and not single_only:
+    if "RANK" not in env and in_slurm_step(env) and not single_only:
         env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_NTASKS"], LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
         env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
         env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))

@@ -38,6 +38,7 @@ import torch
 
 from megatron_sat import compat
 from megatron_sat.profiling.step_benchmark import SavedBytes
+from megatron_sat.training.setup import precision_and_layout
 
 DEFAULT_TOLERANCE = 0.01  # relative: Megatron pads its gradient buffers and optimizer shards (measured at most 0.004%)
 ACTIVATION_TOLERANCE = 0.03  # relative: saved activations against the planner (measured -2.8% .. +2.4%, docs/dry_run.md)
@@ -367,10 +368,8 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
     t0 = time.time()
     world = nodes * gpus_per_node
     compat.ensure_cpu_compat()
-    if args.bf16 is None:
-        args.bf16 = gpu != "cpu"  # as the trainer decides on the target (a GPU: bf16 and the distributed optimizer)
-    if args.use_distributed_optimizer is None:
-        args.use_distributed_optimizer = gpu != "cpu"
+    target = precision_and_layout(args, gpu=gpu != "cpu")  # as the trainer decides on the target (a GPU: bf16 and
+    args.bf16, args.use_distributed_optimizer = target.bf16, target.distributed_optimizer  # the distributed optimizer)
     report = DryRunReport(recipe=recipe, layout="?", world=world, gpu=gpu, tolerance=tolerance,
                           activation_tolerance=activation_tolerance)
     with _quiet():

@@ -9,7 +9,7 @@ It can be run by hand on a spec file that the tool writes, e.g.
 
 What one run does, every rank:
   1. Megatron's process groups for the layout; then per arch, in turn: the model exactly as the
-     trainer builds it (make_config -> build_model -> Float16Module when bf16 -> Megatron DDP ->
+     trainer builds it (training/setup.py model_config -> build_model -> Float16Module when bf16 -> Megatron DDP ->
      Megatron AdamW with clipping), `warmup` optimizer steps (Adam's state is allocated here), and
      one untimed counting step: saved-activation bytes of the first micro-batch's forward
      (autograd saved-tensor hooks) and the bytes every rank sends over the pipeline (a counting
@@ -36,8 +36,18 @@ import time
 from contextlib import contextmanager
 
 import torch
+from megatron.core import parallel_state
 
-from megatron_sat.archs import arch_label
+from megatron_sat.model.flops import flops_breakdown, flops_per_token
+from megatron_sat.parallel import pipeline
+from megatron_sat.parallel.layout import Layout, initialize, validate
+from megatron_sat.parallel.process_group import init_from_env
+from megatron_sat.profiling import detail
+from megatron_sat.profiling.settings import arch_args
+from megatron_sat.profiling.step_benchmark import SavedBytes, alternating_order, sync
+from megatron_sat.training.checkpointing import unwrap
+from megatron_sat.training.setup import model_config, precision_and_layout
+from megatron_sat.training.step import gpt_forward_step, setup_model_and_optimizer, train_step
 
 MIB = 2 ** 20
 
@@ -62,8 +72,6 @@ def count_pipeline_bytes(counter: dict):
     that adds up the tensors handed to `_communicate` (the one place where the 1F1B and the
     interleaved schedules send), after V1's channels were appended by the model.
     """
-    from megatron_sat.parallel import pipeline
-
     base = pipeline.WideP2PCommunicator
 
     class Counting(base):
@@ -101,19 +109,11 @@ class ArchRun:
     """One arch's model chunks, optimizer and measurements in this process."""
 
     def __init__(self, arch: str, spec: dict, layout, world: int):
-        from megatron_sat.model.config import make_config
-        from megatron_sat.model.flops import flops_breakdown, flops_per_token
-        from megatron_sat.parallel.layout import validate
-        from megatron_sat.training.checkpointing import unwrap
-        from megatron_sat.training.step import setup_model_and_optimizer
-
         self.arch, self.spec = arch, spec  # arch: a label, e.g. 'satformer:separate' (megatron_sat.archs.arch_label)
-        bf16 = spec["bf16"]
-        dtype = torch.bfloat16 if bf16 else torch.float32
+        args = arch_args(argparse.Namespace(**spec["arguments"]), arch)  # the trainer's arguments (settings.py)
+        dtype = precision_and_layout(args).dtype
         self.num_micro = spec["global_batch_size"] // (spec["micro_batch_size"] * layout.dp(world))
-        name, label_options = arch_label(arch)
-        self.config = make_config(name, **spec["sizes"], **dict(spec.get("arch_options", {}), **label_options), bf16=bf16,
-                                  params_dtype=dtype, **layout.config_fields(dtype), **spec.get("recompute", {}))
+        self.config = model_config(args, layout, dtype, training=True)  # as the trainer builds it
         validate(layout, self.config, world, seq_length=spec["seq_length"], num_microbatches=self.num_micro,
                  backend=spec.get("backend") or "local")
         torch.manual_seed(spec["seed"])
@@ -132,9 +132,6 @@ class ArchRun:
 
     def step(self, forward_step_func=None) -> float:
         """One optimizer step over the step's micro-batches; returns its wall time in seconds."""
-        from megatron_sat.profiling.step_benchmark import sync
-        from megatron_sat.training.step import gpt_forward_step, train_step
-
         sync()
         start, cpu_start = time.perf_counter(), time.process_time()
         result = train_step(self.chunks, self.optimizer, self.config, iter(self.data),
@@ -148,9 +145,6 @@ class ArchRun:
 
     def counting_step(self) -> None:
         """Untimed: saved-activation bytes of the first micro-batch's forward, pipeline bytes of the step."""
-        from megatron_sat.profiling.step_benchmark import SavedBytes
-        from megatron_sat.training.step import gpt_forward_step
-
         saved = SavedBytes()
         calls = [0]
 
@@ -181,12 +175,6 @@ def _gather_sum(values: list) -> list:
 
 def run(spec: dict, log=print) -> dict:
     """Profile spec["archs"] in this process group (initialised); the raw record on rank 0, None elsewhere."""
-    from megatron.core import parallel_state
-
-    from megatron_sat.parallel.layout import Layout, initialize
-    from megatron_sat.profiling import detail
-    from megatron_sat.profiling.step_benchmark import alternating_order
-
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     gpu = torch.cuda.is_available()
     if spec.get("threads"):
@@ -276,8 +264,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     with open(args.spec) as f:
         spec = json.load(f)
-    from megatron_sat.parallel.process_group import init_from_env
-
     init_from_env()
     rank = torch.distributed.get_rank()
     log = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)

@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 from megatron_sat import archs
 from megatron_sat.archs import ARCHS, GATES
 from megatron_sat.outputs import check_output
+from megatron_sat.parallel.world import world_from_env  # torchrun's or srun's world, without importing torch
 from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
 from megatron_sat.training.run_folder import holds_run  # no megatron
 
@@ -271,16 +272,17 @@ def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentPar
 def recipe_parser(recipe: Optional[str]) -> argparse.ArgumentParser:
     """The trainer's parser with `recipe`'s values as its defaults (ValueError for an unknown recipe or one that
     sets arguments the trainer does not have). The one way a recipe becomes arguments: the trainer, the
-    planner and tools/submit_grid.py all resolve recipes here."""
+    planner, the throughput profiler (profiling/settings.py) and tools/submit_grid.py all resolve recipes here."""
     parser = build_parser()
     parser.set_defaults(**recipe_defaults(recipe, parser))
     return parser
 
 
-def recipe_args(recipe: str, overrides: Sequence[str] = ()) -> argparse.Namespace:
-    """The trainer's arguments for `recipe` with command-line `overrides`, parsed but not validated (no data
-    needs to exist): what the planner and the Slurm tools reason about."""
-    return recipe_parser(recipe).parse_args(["--recipe", recipe, *overrides])
+def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argparse.Namespace:
+    """The trainer's arguments for `recipe` (None: the trainer's defaults) with command-line `overrides`, parsed
+    but not validated (no data needs to exist): what the planner, the throughput profiler and the Slurm tools
+    reason about."""
+    return recipe_parser(recipe).parse_args((["--recipe", recipe] if recipe else []) + list(overrides))
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -293,7 +295,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         sys.stdout.flush()
         sys.exit(0)
     if not args.print_config:  # every problem at once: the layers' and the values'
-        errors += argument_errors(args, int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))))
+        errors += argument_errors(args, world_from_env())
     if errors:
         parser.error("invalid arguments:\n  " + "\n  ".join(errors))
     return args
@@ -415,12 +417,12 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
 
 def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
     """Every problem of the resolved arguments, one line each (megatron is not imported)."""
-    errors = arch_errors(args)
-    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
-        errors.append(f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}")
-    else:
-        dp = world_size // (tp * pp * cp)
+    errors = arch_flag_errors(args)
+    world = world_errors(args, world_size)
+    errors += world
+    if not world:
+        dp = world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+                            * args.context_parallel_size)
         if args.micro_batch_size < 1 or args.global_batch_size < 1:
             errors.append(f"--micro-batch-size ({args.micro_batch_size}) and --global-batch-size "
                           f"({args.global_batch_size}) must be >= 1")
@@ -484,6 +486,15 @@ def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
     if args.tensorboard_dir and os.path.exists(args.tensorboard_dir) and not os.path.isdir(args.tensorboard_dir):
         errors.append(f"--tensorboard-dir {args.tensorboard_dir} is a file: give a folder (new, or this run's)")
     return errors
+
+
+def world_errors(args: argparse.Namespace, world_size: int) -> List[str]:
+    """The world size against TP x PP x CP (argument_errors' first check; the throughput profiler's too, which
+    needs the data-parallel size before it can build a model for parallel.layout.validate)."""
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
+        return [f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}"]
+    return []
 
 
 # the tokenizer types of Megatron-LM's --tokenizer-type that mean something here
@@ -561,8 +572,9 @@ def same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def arch_errors(args: argparse.Namespace) -> List[str]:
-    """What the chosen arch refuses (megatron_sat/archs.py; the model config raises the same)."""
+def arch_flag_errors(args: argparse.Namespace) -> List[str]:
+    """What the chosen arch refuses of these flags (megatron_sat.archs.arch_errors; the model config raises the same,
+    naming its fields)."""
     return archs.arch_errors(args.arch, fp8=args.fp8_format, recompute_granularity=args.recompute_granularity,
                              hc_expansion_rate=args.hc_expansion_rate, value_residual_gate=args.value_residual_gate,
                              resformer_lambdas=args.resformer_lambdas,
@@ -576,8 +588,8 @@ MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_gate_impl", "value_r
 
 
 def model_config_fields(args: argparse.Namespace) -> dict:
-    """The arch switches of SATConfig from parsed trainer arguments (every tool that turns arguments into a
-    model config passes these, so a new flag reaches all of them)."""
+    """The arch switches of SATConfig from parsed trainer arguments (training/setup.py's model_config, through
+    which every tool turns arguments into a model config, passes these: a new flag reaches all of them)."""
     return {k: getattr(args, k) for k in MODEL_CONFIG_KEYS}
 
 

@@ -86,6 +86,16 @@ GPU time: FLOPs per token from megatron_sat.model.flops (3 x forward, attention 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
+from megatron_sat.archs import ffn_size
+from megatron_sat.model import fused_gate
+from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
+from megatron_sat.model.sizes import count_parameters
+from megatron_sat.parallel.layout import validate
+from megatron_sat.training.arguments import recipe_args
+from megatron_sat.training.setup import model_config, precision_and_layout
+from recipes.paper import cluster
+
 GIB = 1024 ** 3
 GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100": 80.0, "cpu": None}
 USABLE_FRACTION = 0.9
@@ -95,8 +105,6 @@ DEFAULT_MFU = 0.40
 
 def load_recipes():
     """The recipes package (the paper grid is registered when it is imported)."""
-    import recipes
-
     return recipes
 
 
@@ -192,16 +200,12 @@ def format_tokens(n: float) -> str:
 
 def resolve_args(recipe: str, overrides: Sequence[str] = ()):
     """The trainer's argparse.Namespace for `recipe` + command-line `overrides` (not validated for data)."""
-    from megatron_sat.training.arguments import recipe_args
-
     return recipe_args(recipe, overrides)
 
 
 def plan_recipe(recipe: str, overrides: Sequence[str] = (), nodes: Optional[int] = None,
                 gpus_per_node: Optional[int] = None, gpu: Optional[str] = None, mfu: float = DEFAULT_MFU) -> Plan:
     """Plan `recipe` on its default cluster (recipes.paper.cluster) with any of it overridden."""
-    from recipes.paper import cluster
-
     args = resolve_args(recipe, overrides)
     c = cluster(recipe)
     return make_plan(args, recipe=recipe, nodes=nodes or c["nodes"], gpus_per_node=gpus_per_node or c["gpus_per_node"],
@@ -215,42 +219,26 @@ def padded_vocab_size(vocab_size: int, args, tp: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def _model_config(args):
-    from megatron_sat.model.config import make_config
-    from megatron_sat.training.arguments import model_config_fields
-
-    return make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
-                       num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-                       ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args))
-
-
 def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: float = DEFAULT_MFU) -> Plan:
     """Validate and size the run described by trainer arguments `args` on nodes x gpus_per_node `gpu`s."""
-    from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
-    from megatron_sat.model.sizes import count_parameters
-    from megatron_sat.parallel.layout import Layout, validate
-
     errors = []
     if gpu not in GPU_MEMORY_GIB:
         errors.append(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GIB)}")
     try:
-        cfg = _model_config(args)
+        cfg = model_config(args)  # the shape and arch switches; the layout is checked below, recompute counted
     except ValueError as e:
         raise ValueError(f"recipe {recipe}: {e}") from None
     world = nodes * gpus_per_node
-    layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                    vpp=args.num_virtual_stages_per_pipeline_rank, sp=args.sequence_parallel)
+    bf16, dist_opt, _, layout = precision_and_layout(args, gpu=gpu != "cpu")  # as the trainer decides on the target
     vocab = padded_vocab_size(args.vocab_size or 32000, args, layout.tp)
     dp = max(layout.dp(world), 1)
     mbs, gbs = args.micro_batch_size, args.global_batch_size
     num_micro = gbs // (mbs * dp) if mbs > 0 else 0
-    if mbs < 1 or gbs % (mbs * dp):
-        errors.append(f"global batch {gbs} is not divisible by micro-batch x DP = {mbs} x {dp}")
     if args.lr_warmup_iters > args.train_iters:
         errors.append(f"warmup {args.lr_warmup_iters} steps exceeds train_iters {args.train_iters}")
     try:
         validate(layout, cfg, world, seq_length=args.seq_length, num_microbatches=num_micro or None,
-                 backend="te" if gpu != "cpu" else "local")
+                 backend="te" if gpu != "cpu" else "local", micro_batch_size=mbs, global_batch_size=gbs)
     except ValueError as e:
         errors.extend(str(e).splitlines()[1:] or [str(e)])
     errors = [e.strip() for e in errors]
@@ -265,8 +253,6 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
     if gpu in PEAK_TFLOPS:
         plan.gpu_hours = flops * plan.tokens / (PEAK_TFLOPS[gpu] * 1e12 * mfu) / 3600
     if not errors:
-        bf16 = gpu != "cpu" if args.bf16 is None else args.bf16
-        dist_opt = (gpu != "cpu") if args.use_distributed_optimizer is None else args.use_distributed_optimizer
         plan.stages = stage_estimates(cfg, layout, dp=dp, micro_batch_size=mbs, num_microbatches=num_micro,
                                       seq_length=args.seq_length, vocab_size=vocab, bf16=bf16,
                                       distributed_optimizer=dist_opt, recompute=args.recompute_granularity,
@@ -286,21 +272,11 @@ def _chunk_layers(num_layers: int, chunks: int) -> List[range]:
     return [range(bounds[c] + 1, bounds[c + 1] + 1) for c in range(chunks)]
 
 
-def _ffn_size(cfg, layer: int) -> int:
-    if cfg.arch == "muddformer":
-        from megatron_sat.model.config import muddformer_ffn_size
-
-        return muddformer_ffn_size(cfg, layer)
-    return cfg.ffn_hidden_size
-
-
 def _layer_params(cfg, layer: int, t: int) -> Tuple[float, float]:
     """(TP-sharded over all TP ranks, replicated on each) parameters of global layer `layer`, exactly as built
     (megatron_sat.model.sizes.count_parameters, layer by layer: which layers mix V1, depth-grown connections)."""
-    from megatron_sat.model import fused_gate
-
     h, hn, nq, ng = cfg.hidden_size, cfg.kv_channels, cfg.num_attention_heads, cfg.num_query_groups
-    sharded = h * (nq + 2 * ng) * hn + nq * hn * h + h * _ffn_size(cfg, layer) * (3 if cfg.gated_linear_unit else 2)
+    sharded = h * (nq + 2 * ng) * hn + nq * hn * h + h * ffn_size(cfg, layer) * (3 if cfg.gated_linear_unit else 2)
     replicated = 2 * h + (2 * hn if cfg.qk_layernorm else 0)  # input and pre-MLP norms, q and k norms
     mixes = layer in cfg.mixing_layers
     if cfg.arch == "satformer" and mixes:
@@ -406,9 +382,6 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     micro-batch's forward over this rank's chunks: block, logits, connections and V1; no pipeline buffers),
     message ([s', b, channels] of every pipeline message), in_flight, total (bytes) and gib (estimate_memory's
     dict for this stage)."""
-
-    from megatron_sat.model import fused_gate
-
     t, pp, vpp = layout.tp, layout.pp, layout.vpp
     chunks = vpp or 1
     s, b, h = seq_length, micro_batch_size, cfg.hidden_size
@@ -445,7 +418,7 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     fused = cfg.arch == "satformer" and fused_gate.applies(cfg, t)
 
     def block(layer: int, with_scores: bool) -> float:  # one layer's saved bytes, the Transformer block's part
-        mlp = norm(sbh / sp_div, s * b / sp_div) + act * (sbh / sp_div + swiglu * s * b * _ffn_size(cfg, layer) / t)
+        mlp = norm(sbh / sp_div, s * b / sp_div) + act * (sbh / sp_div + swiglu * s * b * ffn_size(cfg, layer) / t)
         own = attn - (act * s * b * (a + g) * d / t if local and fused and layer in cfg.mixing_layers else 0.0)
         return own + mlp + extra + (scores if with_scores else 0.0)
 

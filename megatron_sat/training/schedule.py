@@ -37,7 +37,7 @@ class ScheduleChanged(ValueError):
 
 
 def wanted(args) -> dict:
-    """The scheduler values the command asks for (as the trainer builds its OptimizerParamScheduler)."""
+    """The scheduler values the command asks for (training/setup.py's scheduler builds them)."""
     decay = args.lr_decay_iters or args.train_iters
     # --lr-warmup-fraction: Megatron-LM's fraction x decay steps (it may fall between two iterations)
     fraction = getattr(args, "lr_warmup_fraction", None)
@@ -105,19 +105,6 @@ def choose(saved: Optional[dict], args, iteration: int, log: Callable[[str], Non
         f"the LR schedule differs from the checkpoint's at iteration {iteration}: {_describe(diffs, args)}. Pass "
         f"--override-opt_param-scheduler to follow the new one from iteration {iteration} (optimizer state kept), "
         "or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
-
-
-def build(optimizer, args, mode: str):
-    """Megatron-Core's OptimizerParamScheduler from the command's flags; on load it keeps the command's values
-    (OVERRIDE) or takes the checkpoint's (CHECKPOINT)."""
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    now = wanted(args)
-    return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=now["max_lr"], min_lr=now["min_lr"], lr_warmup_steps=now["lr_warmup_steps"],
-        lr_decay_steps=now["lr_decay_steps"], lr_decay_style=now["lr_decay_style"], start_wd=now["start_wd"],
-        end_wd=now["start_wd"], wd_incr_steps=args.train_iters, wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=mode == CHECKPOINT, override_opt_param_scheduler=mode == OVERRIDE)
 
 
 def _key(group: dict) -> tuple:

@@ -68,7 +68,7 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
     return get_megatron_optimizer(config, chunks, config_overrides={} if weight_decay_params == "all" else None)
 
 
-def count_parameters(chunks) -> int:
+def count_chunk_parameters(chunks) -> int:
     """The model's parameters over all ranks, each counted once (shared embeddings and TP duplicates too)."""
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
@@ -92,7 +92,7 @@ def setup_model_and_optimizer(config, *, vocab_size: int, max_sequence_length: i
 
     chunks = build_model(config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
                          rotary_base=rotary_base, backend=backend)
-    num_params = count_parameters(chunks)
+    num_params = count_chunk_parameters(chunks)
     if config.bf16:
         chunks = [Float16Module(config, c) for c in chunks]
     chunks = wrap_ddp(chunks, config, use_distributed_optimizer=use_distributed_optimizer,

@@ -18,7 +18,7 @@ import subprocess
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from megatron_sat.archs import BASELINES
-from megatron_sat.training.arguments import arch_errors, build_parser, recipe_args, unnamed_dests
+from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, unnamed_dests
 from megatron_sat.training.planner import Plan, format_tokens, load_recipes, make_plan
 from recipes.paper import cluster, recipe_name
 
@@ -81,7 +81,7 @@ def build(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int], tra
         c = dict(e["cluster"], **overrides)
         plan = make_plan(args, recipe=e["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"],
                          mfu=mfu)
-        plan.errors += arch_errors(args)  # e.g. full recompute with a dense arch (the planner does not build it)
+        plan.errors += arch_flag_errors(args)  # e.g. full recompute with a dense arch (the planner does not build it)
         rows.append(dict(e, flags=flags, name=name, cluster=c, plan=plan, args=args))
     groups = {}
     for r in rows:

@@ -26,7 +26,24 @@ from typing import Optional
 import torch
 
 from megatron_sat import compat
+from megatron_sat.data.checks import DataError
+from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
+from megatron_sat.model.specs import te_available
+from megatron_sat.parallel.layout import initialize, validate
+from megatron_sat.parallel.process_group import init_from_env
+from megatron_sat.training import checkpointing as ckpt
+from megatron_sat.training import schedule
+from megatron_sat.training.arguments import build_parser
+from megatron_sat.training.config_file import config_dict
+from megatron_sat.training.data import build_iterators, tokenizer_and_data
+from megatron_sat.training.gate_telemetry import GateTelemetry
+from megatron_sat.training.monitor import Monitor
+from megatron_sat.training.run_folder import checkpoint_dir, clean_stale, latest_iteration, model_differences
+from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
+from megatron_sat.training.setup import model_config, precision_and_layout, scheduler
 from megatron_sat.training.signals import StopSignal, bind_to_launcher
+from megatron_sat.training.step import NonFiniteLoss, evaluate, gpt_forward_step, setup_model_and_optimizer, train_step
+from megatron_sat.training.watchdog import Watchdog, enable_flight_recorder
 
 # resolved model fields recorded in config.json and in every checkpoint (a resume is checked against them)
 MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
@@ -77,10 +94,6 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     task_runner: with --eval-tasks, a class called as task_runner(args, chunks, tokenizer, log) whose instances
     score lm-eval tasks: instance(iteration) -> ({'task/metric': value}, {task: error}) (megatron_sat/train.py
     passes megatron_sat.analysis.training_tasks.TaskRunner: training does not import analysis)."""
-    from megatron_sat.parallel.process_group import init_from_env
-    from megatron_sat.training import checkpointing as ckpt
-    from megatron_sat.training.watchdog import enable_flight_recorder
-
     stop = stop or StopSignal()
     bind_to_launcher()
     t_start = time.time()
@@ -121,8 +134,6 @@ def take_run_lock(save: str, log):
     """Global rank 0 takes the run folder's lock (training/run_lock.py) and tells the other ranks, which write
     nothing before it; returns the lock on rank 0, None elsewhere; UsageError (on every rank) when another job
     holds the folder or it cannot be written."""
-    from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
-
     lock, problem = None, None
     if torch.distributed.get_rank() == 0:
         try:
@@ -140,19 +151,8 @@ def take_run_lock(save: str, log):
 
 def configure(args, log) -> Setup:
     """The model config and layout, checked against the world size and the backend (UsageError)."""
-    from megatron_sat.model.config import make_config
-    from megatron_sat.model.specs import te_available
-    from megatron_sat.parallel.layout import Layout, validate
-    from megatron_sat.training.arguments import model_config_fields
-
     world = torch.distributed.get_world_size()
-    gpu = torch.cuda.is_available()
-    bf16 = gpu if args.bf16 is None else args.bf16
-    dist_opt = gpu if args.use_distributed_optimizer is None else args.use_distributed_optimizer
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                    vpp=args.num_virtual_stages_per_pipeline_rank, cp=args.context_parallel_size,
-                    sp=args.sequence_parallel)
+    bf16, dist_opt, dtype, layout = precision_and_layout(args)
     backend = {"local": "local", "transformer_engine": "te"}.get(args.transformer_impl) or (
         "te" if te_available() else "local")
     if backend == "te" and not te_available():
@@ -161,19 +161,8 @@ def configure(args, log) -> Setup:
         raise UsageError("--fp8-format needs Transformer Engine on a GPU")
     dp = layout.dp(world)
     num_micro = args.global_batch_size // (args.micro_batch_size * dp) if dp else None  # None: validate says why
-    recompute = {}
-    if args.recompute_granularity == "full":
-        recompute = dict(recompute_granularity="full", recompute_method=args.recompute_method or "uniform",
-                         recompute_num_layers=args.recompute_num_layers)
-    elif args.recompute_granularity == "selective":
-        recompute = dict(recompute_granularity="selective")
     try:
-        config = make_config(
-            args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
-            num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-            ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args),
-            bf16=bf16, params_dtype=dtype, fp8=args.fp8_format, **layout.config_fields(dtype), **recompute,
-        )
+        config = model_config(args, layout, dtype, training=True)
         validate(layout, config, world, seq_length=args.seq_length, num_microbatches=num_micro, backend=backend)
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -188,11 +177,6 @@ def configure(args, log) -> Setup:
 def check_inputs(args, setup: Setup, log):
     """(resume point, pretrained point, tokenizer, data): what --load and --pretrained-checkpoint hold, checked
     against the model asked for, and the data against the tokenizer (UsageError)."""
-    from megatron_sat.data.checks import DataError
-    from megatron_sat.training import checkpointing as ckpt
-    from megatron_sat.training.data import tokenizer_and_data
-    from megatron_sat.training.run_folder import model_differences
-
     def find(root, step=None):
         return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log)
 
@@ -226,8 +210,6 @@ def check_inputs(args, setup: Setup, log):
 def choose_schedule(args, resume, log) -> str:
     """Whose LR schedule a resumed run follows (schedule.py): the checkpoint's or the command's (UsageError when
     they differ and no flag says which)."""
-    from megatron_sat.training import schedule
-
     if resume is None:
         return schedule.OVERRIDE
     try:
@@ -241,16 +223,6 @@ class Loop:
 
     def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None,
                  schedule_mode: str = "override"):
-        from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
-        from megatron_sat.parallel.layout import initialize
-        from megatron_sat.training import checkpointing as ckpt
-        from megatron_sat.training import schedule
-        from megatron_sat.training.data import build_iterators
-        from megatron_sat.training.gate_telemetry import GateTelemetry
-        from megatron_sat.training.monitor import Monitor
-        from megatron_sat.training.run_folder import clean_stale
-        from megatron_sat.training.step import setup_model_and_optimizer
-
         self.args, self.setup, self.stop, self.t_start, self.log = args, setup, stop, t_start, log
         stop.kept = lambda: f"{_describe_checkpoint(args.save)}; resume with --load {args.save}"
         rank = torch.distributed.get_rank()
@@ -269,7 +241,7 @@ class Loop:
             weight_decay=args.weight_decay, clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_eps, weight_decay_params=args.weight_decay_params)
         self.schedule_mode = schedule_mode
-        self.scheduler = schedule.build(self.optimizer, args, schedule_mode)
+        self.scheduler = scheduler(self.optimizer, args, schedule_mode)
         self.iteration, self.consumed = self._restore(resume, pretrained)
         self.train_iter, self.valid_iters = build_iterators(args, tokenizer, data, self.consumed)
         self.flops_tok = flops_per_token(config, args.seq_length, vocab_size)
@@ -294,14 +266,10 @@ class Loop:
 
     def _restore(self, resume, pretrained):
         """(iteration, consumed samples) after loading what --load or --pretrained-checkpoint hold."""
-        from megatron_sat.training import checkpointing as ckpt
-
         args, log = self.args, self.log
         if resume is not None:
-            from megatron_sat.training.schedule import align_param_groups
-
             loaded = ckpt.restore(resume, self.chunks, self.optimizer, self.scheduler,
-                                  align=lambda state: align_param_groups(state, self.optimizer, self.schedule_mode),
+                                  align=lambda state: schedule.align_param_groups(state, self.optimizer, self.schedule_mode),
                                   load_optim=not args.no_load_optim, load_rng=not args.no_load_rng)
             if args.no_load_optim:  # the optimizer's main (fp32) copies were made from the init
                 self.optimizer.reload_model_params()
@@ -324,8 +292,6 @@ class Loop:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
-        from megatron_sat.training.watchdog import Watchdog
-
         args = self.args
         hang = args.hang_timeout_minutes
         if hang is None:
@@ -338,9 +304,6 @@ class Loop:
             self.watchdog.close()
 
     def _run(self) -> int:
-        from megatron_sat.training import checkpointing as ckpt
-        from megatron_sat.training.step import NonFiniteLoss
-
         args = self.args
         start_iteration, t_train, self.step_time_total = self.iteration, time.time(), 0.0
         try:
@@ -380,8 +343,6 @@ class Loop:
 
     def _train(self) -> Optional[str]:
         """Step until --train-iters; returns why it stopped early, or None."""
-        from megatron_sat.training.step import gpt_forward_step, train_step
-
         args, setup = self.args, self.setup
         window = Window()
         while self.iteration < args.train_iters:
@@ -435,8 +396,6 @@ class Loop:
         self.monitor.log_train(record, eta_s=step_time * (args.train_iters - self.iteration))
 
     def _evaluate(self) -> Optional[float]:
-        from megatron_sat.training.step import evaluate
-
         it = self.valid_iters()
         if it is None:
             return None
@@ -467,8 +426,6 @@ class Loop:
     @staticmethod
     def _nan_forward_step(data_iterator, model):
         """--debug-inject-nan-at-step: this step's loss is NaN (the NaN stop is tested like a feature)."""
-        from megatron_sat.training.step import gpt_forward_step
-
         output, loss_func = gpt_forward_step(data_iterator, model)
 
         def nan_loss(output_tensor):
@@ -480,14 +437,9 @@ class Loop:
 
 def run_arguments(args) -> dict:
     """The run's resolved arguments as a config file holds them (config.json's "arguments": --config reads it)."""
-    from megatron_sat.training.arguments import build_parser
-    from megatron_sat.training.config_file import config_dict
-
     return config_dict(args, build_parser())
 
 
 def _describe_checkpoint(save) -> str:
-    from megatron_sat.training.run_folder import checkpoint_dir, latest_iteration
-
     last = latest_iteration(save) if save and os.path.isdir(save) else None
     return f"{checkpoint_dir(save, last)} (iteration {last})" if last is not None else "none"

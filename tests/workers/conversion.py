@@ -92,33 +92,24 @@ def _args(variant: str, tp: int = 1, pp: int = 1, vpp=None, tokenizer=None, **ov
 
 def _build(args):
     """(config, model chunks) at the args' layout, as the trainer builds them (fp32)."""
-    from megatron_sat.model.config import make_config
     from megatron_sat.model.gpt import build_model
-    from megatron_sat.parallel.layout import Layout, initialize
-    from megatron_sat.training.arguments import model_config_fields
+    from megatron_sat.parallel.layout import initialize
+    from megatron_sat.training.setup import model_config, precision_and_layout
 
-    layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                    vpp=args.num_virtual_stages_per_pipeline_rank)
-    config = make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
-                         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-                         ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args), **layout.config_fields())
+    layout = precision_and_layout(args).layout
+    config = model_config(args, layout)
     initialize(layout, seed=args.seed)
     chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ, rotary_base=args.rotary_base)
     return config, chunks
 
 
 def _wrap(config, chunks, args, dist_opt=False):
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
+    from megatron_sat.training.setup import scheduler
     from megatron_sat.training.step import build_optimizer, wrap_ddp
 
     chunks = wrap_ddp(chunks, config, use_distributed_optimizer=dist_opt)
     opt = build_optimizer(chunks, lr=args.lr, use_distributed_optimizer=dist_opt)
-    sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr, lr_warmup_steps=0,
-                                    lr_decay_steps=args.train_iters, lr_decay_style="cosine",
-                                    start_wd=args.weight_decay, end_wd=args.weight_decay,
-                                    wd_incr_steps=args.train_iters, wd_incr_style="constant")
-    return chunks, opt, sched
+    return chunks, opt, scheduler(opt, args)  # the trainer's, from args (cosine over --train-iters, no warmup)
 
 
 def _step(chunks, opt, config, num_micro):

@@ -31,16 +31,14 @@ def _model(arch: str, tok: str):
     """(args, model, trainer chunks, optimizer, scheduler): the trainer's build at TP1, random weights."""
     from conversion import _wrap
 
-    from megatron_sat.model.config import make_config
     from megatron_sat.model.gpt import build_model
     from megatron_sat.parallel.layout import Layout, initialize
-    from megatron_sat.training.arguments import build_parser, model_config_fields
+    from megatron_sat.training.arguments import build_parser
+    from megatron_sat.training.setup import model_config
 
     args = build_parser().parse_args(SIZES + ["--arch", arch, "--tokenizer-model", tok])
     initialize(Layout(), seed=args.seed)
-    config = make_config(arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
-                         num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-                         ffn_hidden_size=args.ffn_hidden_size, **model_config_fields(args))
+    config = model_config(args)
     chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=args.seq_length, rotary_base=args.rotary_base)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():

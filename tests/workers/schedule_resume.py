@@ -31,13 +31,14 @@ def optimizer_state(opt) -> list:
 def check(root: str, dist_opt: bool, first: bool) -> None:
     from megatron_sat.training import checkpointing as ckpt
     from megatron_sat.training import schedule
+    from megatron_sat.training.setup import scheduler
     from megatron_sat.training.step import build_optimizer, wrap_ddp
 
     old = _args("satformer", lr=3e-3, min_lr=3e-4, train_iters=20, lr_warmup_iters=2)
     config, chunks = _build(old)
     chunks = wrap_ddp(chunks, config, use_distributed_optimizer=dist_opt)
     opt = build_optimizer(chunks, lr=old.lr, min_lr=old.min_lr, use_distributed_optimizer=dist_opt)
-    sched = schedule.build(opt, old, schedule.OVERRIDE)
+    sched = scheduler(opt, old, schedule.OVERRIDE)
     for _ in range(3):
         _step(chunks, opt, config, num_micro=2)
         sched.step(increment=1)
@@ -57,11 +58,11 @@ def check(root: str, dist_opt: bool, first: bool) -> None:
     mode = schedule.choose(point.common["opt_param_scheduler"], new, 3, print)
     assert mode == schedule.OVERRIDE
     opt2 = build_optimizer(chunks, lr=new.lr, min_lr=new.min_lr, use_distributed_optimizer=dist_opt)
-    sched2 = schedule.build(opt2, new, mode)
+    sched2 = scheduler(opt2, new, mode)
     if first:  # megatron-core's own failure, which align_param_groups prevents (checked once)
         probe = build_optimizer(chunks, lr=new.lr, min_lr=new.min_lr, use_distributed_optimizer=dist_opt)
         try:
-            ckpt.restore(point, chunks, probe, schedule.build(probe, new, mode))
+            ckpt.restore(point, chunks, probe, scheduler(probe, new, mode))
             raise AssertionError("megatron-core loaded a changed max_lr: the alignment is no longer needed")
         except ckpt.CheckpointError as e:
             assert "does not fit this run's optimizer" in str(e) and "--pretrained-checkpoint" in str(e), e

@@ -1,0 +1,181 @@
+"""The throughput profiler's settings: its options -> the trainer's arguments -> the checked spec its workers run.
+
+    from megatron_sat.profiling.settings import resolve
+    spec = resolve(options)        # options: tools/profile_throughput.py's parsed command line; ValueError: exit 2
+
+Arguments: the trainer's, as arguments.py makes them (recipe_args: the one way a recipe becomes arguments) for
+--recipe NAME (default debug_transformer) or --scale S (a paper scale: the recipe satformer_S; a recipes.SIZES
+shape: the trainer's defaults with that shape), then the tool's flags over them (--tp is
+--tensor-model-parallel-size, --precision --bf16, --recompute --recompute-granularity, ...). Where neither the
+recipe nor a flag says, the profiler's own defaults (PROFILER_DEFAULTS; the global batch: micro-batch x DP, x 2 PP
+with a pipeline). Each arch of --archs (a label: megatron_sat.archs.arch_label) replaces the recipe's arch.
+
+Checked, all at once, before any process is launched: the tool's own options, what each arch refuses
+(arguments.arch_flag_errors), the world size against the layout (arguments.world_errors), and each arch's model config
+(training/setup.py, as the trainer builds it) against the layout and the global batch (parallel.layout.validate).
+"""
+
+import argparse
+import copy
+import os
+from typing import List, Tuple
+
+import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
+from megatron_sat.archs import arch_label, arch_label_errors
+from megatron_sat.parallel.layout import validate
+from megatron_sat.parallel.world import world_from_env
+from megatron_sat.training.arguments import arch_flag_errors, recipe_args, recipe_defaults, world_errors
+from megatron_sat.training.setup import model_config, precision_and_layout
+
+ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
+           "mudd": "muddformer", "dwa": "denseformer"}  # other spellings of the baselines, for a hint
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+# the tool's flags that set a trainer argument: tool dest -> trainer dest
+TRAINER_FLAGS = dict({k: k for k in SHAPE_KEYS + ("seq_length", "micro_batch_size", "global_batch_size", "vocab_size",
+                                                  "use_distributed_optimizer", "seed")},
+                     tp="tensor_model_parallel_size", pp="pipeline_model_parallel_size",
+                     vpp="num_virtual_stages_per_pipeline_rank", sp="sequence_parallel")
+# where neither the recipe nor a flag gives them (a throughput measurement, not the trainer's debug defaults)
+PROFILER_DEFAULTS = dict(seq_length=512, micro_batch_size=1, vocab_size=32000, lr=1e-4)
+
+
+def job_world() -> int:
+    """World size of the distributed job this process is a rank of (torchrun or an srun step), 0 when alone."""
+    return world_from_env(default=0)
+
+
+def trainer_args(options: argparse.Namespace) -> Tuple[argparse.Namespace, str]:
+    """(the trainer's arguments of --recipe / --scale with the tool's flags over them, where they came from); no
+    global batch default yet (it needs the world size). ValueError for an unknown recipe or scale, or one
+    without a model shape."""
+    if options.scale:
+        if f"satformer_{options.scale}" in recipes.RECIPES:
+            recipe, given, source = f"satformer_{options.scale}", None, f"recipe satformer_{options.scale}"
+        elif options.scale in recipes.SIZES:
+            recipe, given, source = None, dict(recipes.SIZES[options.scale]), f"size {options.scale}"
+        else:
+            known = list(getattr(getattr(recipes, "paper", None), "SCALES", ())) + list(recipes.SIZES)
+            raise ValueError(f"unknown --scale {options.scale!r}; known: {', '.join(known)}")
+    else:
+        recipe, given = options.recipe or "debug_transformer", None
+        source = f"recipe {recipe}"
+    args = recipe_args(recipe)  # ValueError for an unknown recipe
+    given = recipe_defaults(recipe) if given is None else given  # what the recipe (or size) sets
+    vars(args).update(given)
+    for key, value in PROFILER_DEFAULTS.items():
+        if given.get(key) is None:
+            setattr(args, key, value)
+    if given.get("global_batch_size") is None:
+        args.global_batch_size = None  # micro-batch x DP (x 2 PP), once the world size is known
+    for flag, dest in TRAINER_FLAGS.items():
+        if getattr(options, flag) is not None:
+            setattr(args, dest, getattr(options, flag))
+    if options.precision:
+        args.bf16 = options.precision == "bf16"
+    if options.recompute:
+        args.recompute_granularity = None if options.recompute == "none" else options.recompute
+    if any(given.get(k) is None and getattr(options, k) is None for k in SHAPE_KEYS[:3]):
+        raise ValueError(f"{source} sets no model shape; give --num-layers, --hidden-size and --num-attention-heads")
+    return args, source
+
+
+def arch_args(args: argparse.Namespace, label: str) -> argparse.Namespace:
+    """`args` for one --archs label: its arch and the label's switches (e.g. satformer:separate)."""
+    name, fields = arch_label(label)
+    out = copy.copy(args)
+    out.arch = name
+    vars(out).update(fields)
+    return out
+
+
+def _option_errors(options: argparse.Namespace, args: argparse.Namespace, world: int, env_world: int) -> List[str]:
+    """The tool's own options (steps, traces, modes) and the values that must be positive."""
+    errors = []
+    checks = (("--steps", options.steps), ("--repeats", options.repeats), ("--nproc", world),
+              ("--tp", args.tensor_model_parallel_size), ("--pp", args.pipeline_model_parallel_size),
+              ("--seq-length", args.seq_length), ("--micro-batch-size", args.micro_batch_size),
+              ("--vocab-size", args.vocab_size), ("--threads", 1 if options.threads is None else options.threads))
+    errors += [f"{name} must be >= 1 (got {v})" for name, v in checks if v < 1]
+    if options.warmup < 0:
+        errors.append(f"--warmup must be >= 0 (got {options.warmup})")
+    if options.trace_steps:
+        try:
+            first, _, last = options.trace_steps.partition("-")
+            trace = [int(first), int(last or first)]
+        except ValueError:
+            errors.append(f"--trace-steps wants A-B or A (measured steps, 1-based), got {options.trace_steps!r}")
+        else:
+            if not 1 <= trace[0] <= trace[1] <= options.steps:
+                errors.append(f"--trace-steps {options.trace_steps} is outside the measured steps 1-{options.steps}")
+    if not 0 <= options.trace_rank < world:
+        errors.append(f"--trace-rank {options.trace_rank} is not a rank of a world of {world}")
+    if options.mode == "per-arch" and env_world:
+        errors.append("--mode per-arch launches its own processes: run it outside torchrun/srun (with --nproc)")
+    return errors
+
+
+def _model_errors(options: argparse.Namespace, args: argparse.Namespace, world: int) -> List[str]:
+    """Each arch's model config against the layout and the global batch, as the trainer checks them."""
+    run = precision_and_layout(args)
+    errors = []
+    for label in options.archs:
+        try:
+            config = model_config(arch_args(args, label), run.layout, run.dtype, training=True)
+            validate(run.layout, config, world, seq_length=args.seq_length, backend=options.backend or "local",
+                     micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size)
+        except ValueError as e:
+            lines = str(e).splitlines()
+            errors += [line.strip() for line in (lines[1:] if lines[0].startswith("invalid parallel layout") else lines)]
+    return list(dict.fromkeys(errors))  # the same shape refuses a layout once, not once per arch
+
+
+def resolve(options: argparse.Namespace) -> dict:
+    """The spec of a profile (what tools/profile_throughput.py launches and reports) from the tool's parsed
+    options; ValueError with every problem found (the tool prints it and exits 2)."""
+    bad = arch_label_errors(options.archs)
+    if bad:
+        hints = [f"{a}: did you mean {ALIASES[a.lower()]}?" for a in options.archs if a.lower() in ALIASES]
+        raise ValueError("\n  ".join(bad) + (f" ({'; '.join(hints)})" if hints else ""))
+    if len(set(options.archs)) != len(options.archs):
+        raise ValueError(f"--archs lists an arch twice: {' '.join(options.archs)}")
+    if options.baseline not in options.archs:
+        raise ValueError(f"--baseline {options.baseline} must be one of --archs ({' '.join(options.archs)}): ratios "
+                         "divide by it")
+    args, source = trainer_args(options)
+    env_world = job_world()
+    world = options.nproc or env_world or 1
+    if options.nproc and env_world and options.nproc != env_world:
+        raise ValueError(f"--nproc {options.nproc} inside a job of world size {env_world}: drop --nproc")
+    errors = _option_errors(options, args, world, env_world)
+    for label in options.archs:  # what an arch refuses, with the tool's flag names
+        errors += [e.replace("--recompute-granularity", "--recompute") for e in arch_flag_errors(arch_args(args, label))]
+    errors = list(dict.fromkeys(errors))
+    if not errors:
+        errors += world_errors(args, world)
+    if not errors:
+        run = precision_and_layout(args)
+        if args.global_batch_size is None:
+            pp = run.layout.pp
+            args.global_batch_size = args.micro_batch_size * run.layout.dp(world) * (2 * pp if pp > 1 else 1)
+        errors += _model_errors(options, args, world)
+    if errors:
+        raise ValueError("\n  ".join(["invalid settings:"] + errors))
+    run = precision_and_layout(args)  # bf16 and the distributed optimizer: the recipe's or flags', else on a GPU
+    args.bf16, args.use_distributed_optimizer = run.bf16, run.distributed_optimizer
+    trace = None
+    if options.trace_steps:
+        first, _, last = options.trace_steps.partition("-")
+        trace = [int(first), int(last or first)]
+    layout = run.layout
+    return dict(
+        archs=list(options.archs), baseline=options.baseline, source=source,
+        sizes={k: getattr(args, k) for k in SHAPE_KEYS}, arguments=vars(args),
+        seq_length=args.seq_length, micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
+        vocab_size=args.vocab_size, layout=dict(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, cp=layout.cp, sp=layout.sp),
+        world_size=world, recompute=args.recompute_granularity or "none",
+        precision="bf16" if run.bf16 else "fp32", bf16=run.bf16, use_distributed_optimizer=run.distributed_optimizer,
+        backend=options.backend, warmup=options.warmup, steps=options.steps, seed=options.seed, trace_steps=trace,
+        trace_rank=options.trace_rank, flops_profile=options.flops_profile, out_dir=os.path.abspath(options.out),
+        mode=options.mode or ("shared" if env_world else "per-arch"), repeats=options.repeats,
+        peak_tflops=options.peak_tflops, threads=options.threads, lr=args.lr, rotary_base=args.rotary_base,
+    )
