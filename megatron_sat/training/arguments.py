@@ -272,7 +272,8 @@ def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentPar
 def recipe_parser(recipe: Optional[str]) -> argparse.ArgumentParser:
     """The trainer's parser with `recipe`'s values as its defaults (ValueError for an unknown recipe or one that
     sets arguments the trainer does not have). The one way a recipe becomes arguments: the trainer, the
-    planner, the throughput profiler (profiling/settings.py) and tools/submit_grid.py all resolve recipes here."""
+    planner, the throughput profiler (profiling/settings.py) and the Slurm grid (training/sweep.py) all resolve
+    recipes here."""
     parser = build_parser()
     parser.set_defaults(**recipe_defaults(recipe, parser))
     return parser
