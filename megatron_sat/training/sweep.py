@@ -17,10 +17,13 @@ import shlex
 import subprocess
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import BASELINES
 from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, unnamed_dests
-from megatron_sat.training.planner import Plan, format_tokens, load_recipes, make_plan
 from recipes.paper import cluster, recipe_name
+
+# training/planner.py is imported inside build and table, not here: it loads megatron-core (seconds of start-up),
+# which resolve (slurm/launch.sh's --resolve at every job start) does not need
 
 NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
 CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "time")  # an entry's cluster shape; the command line overrides it
@@ -30,7 +33,7 @@ def resolve(recipe: str, overrides: Sequence[str] = ()):
     """(trainer args Namespace, run name) for a recipe + trainer flags, with the trainer's own parser."""
     parser = build_parser()
     defaults = {a.dest: a.default for a in parser._actions}
-    given = load_recipes().get(recipe)
+    given = recipes.get(recipe)
     args = recipe_args(recipe, overrides)
     skip = unnamed_dests(parser) | set(NAMED)
     rest = {k: v for k, v in sorted(vars(args).items()) if k not in skip and v != given.get(k, defaults.get(k))}
@@ -57,7 +60,7 @@ def site_settings(site: str) -> Dict[str, str]:
 def entries(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int]) -> List[dict]:
     """The grid's entries (recipe, arch, scale, seed, its default cluster), scale by scale; ValueError for an
     arch x scale without a recipe."""
-    known = load_recipes().RECIPES
+    known = recipes.RECIPES
     out = []
     for scale in scales:
         for arch in archs:
@@ -73,6 +76,8 @@ def build(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int], tra
           cluster_overrides: Optional[dict] = None, mfu: float = 0.40) -> Tuple[List[dict], Dict[tuple, List[dict]]]:
     """(rows, groups): every entry with its flags, run name, cluster, plan and arguments, and the entries grouped
     into job arrays by cluster shape, keyed (scale, nodes, GPUs per node, GPU kind, time limit)."""
+    from megatron_sat.training.planner import make_plan  # megatron-core: see the imports above
+
     overrides = {k: v for k, v in (cluster_overrides or {}).items() if k in CLUSTER_KEYS and v is not None}
     rows = []
     for e in entries(archs, scales, seeds):
@@ -96,11 +101,13 @@ def _hours(h: Optional[float]) -> str:
 
 def table(rows: List[dict]) -> str:
     """The grid as a text table (one line per entry: size, layout, memory, GPU hours, run folder) and its total."""
+    from megatron_sat.training.planner import format_tokens  # megatron-core: see the imports above
+
     head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
             "run folder"]
     lines = []
     for r in rows:
-        p: Plan = r["plan"]
+        p = r["plan"]
         mem = f"{p.memory['total']:.0f}" if p.memory and p.capacity_gib else "-"
         status = "" if p.ok else "  INVALID: " + "; ".join(p.errors)
         lines.append([r["recipe"], str(r["seed"]), f"{p.parameters / 1e6:,.1f}M", format_tokens(p.tokens),
