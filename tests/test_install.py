@@ -211,7 +211,7 @@ def test_readme_cluster_walkthrough_as_written(cluster, wheel_venv, tmp_path):
 
 def test_install_and_sweep_tools_refuse_bad_input(tmp_path, capsys):
     """One line, exit 2: install.sh without torch, a missing site file, --wait without a sweep or its record."""
-    from megatron_sat.analysis import collect
+    from megatron_sat_tools import collect_grid
 
     env = _clean_env(PYTHON="/usr/bin/python3.11" if os.path.exists("/usr/bin/python3.11") else "python3")
     proc = _run(["bash", os.path.join(ROOT, "docker", "install.sh")], str(tmp_path), env, ok=False)
@@ -219,26 +219,28 @@ def test_install_and_sweep_tools_refuse_bad_input(tmp_path, capsys):
     proc = _run([sys.executable, os.path.join(ROOT, "tools", "submit_grid.py"), "--scales", "debug", "--submit"],
                 str(tmp_path), _clean_env(MSAT_SITE=str(tmp_path / "nowhere.sh")), ok=False)
     assert proc.returncode == 2 and "set MSAT_SITE to your copy of" in proc.stderr, proc.stderr
-    assert collect.main([str(tmp_path), "--status", "--wait"]) == 2
+    assert collect_grid.main([str(tmp_path), "--status", "--wait"]) == 2
     assert "--wait needs --sweep" in capsys.readouterr().err
     (tmp_path / "runs").mkdir()
-    assert collect.main([str(tmp_path / "runs"), "--status", "--wait", "--sweep", "nope", "-q"]) == 2
+    assert collect_grid.main([str(tmp_path / "runs"), "--status", "--wait", "--sweep", "nope", "-q"]) == 2
     assert "no record of sweep 'nope'" in capsys.readouterr().err
 
 
 def test_status_of_a_sweep_whose_jobs_have_not_started(tmp_path, capsys):
     """Right after submit_grid --submit there is a sweep record and no run folder: --status lists the entries,
     --out says that nothing has started (exit 2)."""
-    from megatron_sat.analysis import collect, grid
+    from megatron_sat_tools import collect_grid
+
+    from megatron_sat.analysis import grid
 
     runs = tmp_path / "runs"
     (runs / "_grid").mkdir(parents=True)
     entries = [dict(recipe=f"{a}_ladder1", arch=a, scale="ladder1", seed=1, run=f"{a}_ladder1_x") for a in
                ("transformer", "satformer")]
     grid.record_sweep(str(runs / "_grid"), "fresh", [dict(job="424242", jobs=["424242"], manifest="m", entries=entries)])
-    assert collect.main([str(runs), "--sweep", "fresh", "--status", "-q"]) == 0
+    assert collect_grid.main([str(runs), "--sweep", "fresh", "--status", "-q"]) == 0
     out = capsys.readouterr().out
     assert "transformer_ladder1_x" in out and "satformer_ladder1_x" in out, out
-    assert collect.main([str(runs), "--sweep", "fresh", "--out", str(tmp_path / "out"), "-q"]) == 2
+    assert collect_grid.main([str(runs), "--sweep", "fresh", "--out", str(tmp_path / "out"), "-q"]) == 2
     assert "no run of sweep fresh has started yet" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -1,9 +1,11 @@
 """The paper-grid recipes (recipes/paper.py), the layout planner (megatron_sat/training/planner.py) and the
-Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py), no cluster needed.
+Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py) and run-folder names (training/sweep.py), no
+cluster needed.
 
     .venv/bin/python -m pytest -q tests/test_recipes.py        # about a minute on 2 cores
 """
 
+import argparse
 import os
 import re
 import subprocess
@@ -13,6 +15,7 @@ import pytest
 
 from megatron_sat.training.arguments import build_parser, parse_args
 from megatron_sat.training.planner import estimate_memory, load_recipes, plan_recipe
+from megatron_sat.training.sweep import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 recipes = load_recipes()
@@ -238,22 +241,86 @@ def test_memory_model_matches_saved_activations():
 
 
 def test_run_names_follow_the_hyperparameters():
-    from importlib.util import module_from_spec, spec_from_file_location
-
-    spec = spec_from_file_location("submit_grid", os.path.join(ROOT, "tools", "submit_grid.py"))
-    sg = module_from_spec(spec)
-    spec.loader.exec_module(sg)
-    _, name = sg.resolve("satformer_760M")
+    _, name = resolve("satformer_760M")
     assert name == "satformer_760M_lr0.001_gbs512_seq4096_it9537_s1234"
-    assert sg.resolve("satformer_760M", ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2",
-                                         "--save-interval", "100"])[1] == name  # layout/cadence: same run
-    assert sg.resolve("satformer_760M", ["--seed", "7", "--lr", "2e-3"])[1] == \
+    assert resolve("satformer_760M", ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2",
+                                      "--save-interval", "100"])[1] == name  # layout/cadence: same run
+    assert resolve("satformer_760M", ["--seed", "7", "--lr", "2e-3"])[1] == \
         "satformer_760M_lr0.002_gbs512_seq4096_it9537_s7"
-    gated = sg.resolve("satformer_760M", ["--value-residual-gate", "sigmoid"])[1]
+    gated = resolve("satformer_760M", ["--value-residual-gate", "sigmoid"])[1]
     assert re.fullmatch(name + r"_[0-9a-f]{8}", gated)
     out = _tool("tools/submit_grid.py", "--resolve", "debug_resformer", "--", "--train-iters", "7")
     assert "TRAIN_ITERS=7" in out and "NEEDS_DATA=0" in out
     assert "NEEDS_DATA=1" in _tool("tools/submit_grid.py", "--resolve", "satformer_130M")
+
+
+# run-folder names as tools/submit_grid.py gave them before the flags carried their names_run tag (its hand-kept
+# NAME_IGNORES list): a resumed run finds its folder only while these stay the same
+PINNED_NAMES = [
+    ("satformer_760M", (), "satformer_760M_lr0.001_gbs512_seq4096_it9537_s1234"),
+    ("satformer_760M", ("--value-residual-gate", "sigmoid"), "satformer_760M_lr0.001_gbs512_seq4096_it9537_s1234_d8269ca7"),
+    ("satformer_760M", ("--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--save-interval", "100",
+                        "--data-path", "d/x", "--tokenizer-model", "tok", "--wandb-mode", "offline", "--eval-interval",
+                        "50", "--recompute-granularity", "full", "--bf16"),
+     "satformer_760M_lr0.001_gbs512_seq4096_it9537_s1234"),
+    ("transformer_1.3B", ("--seed", "3"), "transformer_1.3B_lr0.0005_gbs512_seq4096_it14306_s3"),
+    ("hyperconnections_130M", ("--transformer-impl", "local"),
+     "hyperconnections_130M_lr0.002_gbs512_seq4096_it2385_s1234_c7e53e3a"),
+    ("resformer_340M", ("--context-parallel-size", "2", "--recompute-method", "block"),
+     "resformer_340M_lr0.0015_gbs512_seq4096_it4769_s1234_ee2f1674"),
+    ("muddformer_130M", ("--eval-tasks", "lambada_openai", "--lr", "3e-4", "--train-iters", "100"),
+     "muddformer_130M_lr0.0003_gbs512_seq4096_it100_s1234_f13c574a"),
+    ("debug_satformer", (), "debug_satformer_lr0.003_gbs8_seq32_it20_s1234"),
+    ("debug_transformer", ("--train-iters", "7", "--mock-data", "--vocab-size", "512"),
+     "debug_transformer_lr0.003_gbs8_seq32_it7_s1234_4bafd21c"),
+    ("debug_resformer", ("--finetune", "--no-load-optim"), "debug_resformer_lr0.003_gbs8_seq32_it20_s1234_4ad37df8"),
+    ("denseformer_760M", ("--embedded-data", "emb", "--seq-length", "1024", "--global-batch-size", "64"),
+     "denseformer_760M_lr0.001_gbs64_seq1024_it9537_s1234_e39f660b"),
+    ("satformer_130M", ("--data-args-path", "args.txt", "--tokenizer-type", "HuggingFaceTokenizer"),
+     "satformer_130M_lr0.002_gbs512_seq4096_it2385_s1234_e66ddc95"),
+]
+
+
+def test_run_names_are_unchanged():
+    got = [(recipe, flags, resolve(recipe, list(flags))[1]) for recipe, flags, _ in PINNED_NAMES]
+    assert got == PINNED_NAMES
+
+
+def _other_value(action, value) -> list:
+    """Command-line words that give `action` a value other than `value`."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [action.option_strings[1] if value else flag]
+    if action.nargs == 0:  # store_true / store_false / store_const
+        assert value != action.const, f"{flag}: the recipe already gives its switch's value"
+        return [flag]
+    if action.choices:
+        return [flag, next(str(c) for c in action.choices if c != value)]
+    if action.type in (int, float):
+        return [flag, str((value or 0) + 3)]
+    return [flag, "other/x"]  # strings, paths, lists (nargs *, append)
+
+
+def test_every_flag_is_tagged_and_its_tag_holds():
+    """Each trainer flag says whether it names a run (training/arguments.py _group, names_run): a flag declared
+    without the tag fails here. And the tag holds: another value of a naming flag gives another run folder, of any
+    other flag the same one (the recipe itself is the name's prefix)."""
+    recipe = "debug_satformer"
+    base_args, base = resolve(recipe)
+    untagged, wrong = [], []
+    for action in build_parser()._actions:
+        if action.dest in ("help", "recipe"):
+            continue
+        if not isinstance(getattr(action, "names_run", None), bool):
+            untagged.append(action.option_strings[0])
+            continue
+        changed = resolve(recipe, _other_value(action, getattr(base_args, action.dest)))[1] != base
+        if changed != action.names_run:
+            wrong.append(f"{action.option_strings[0]} (names_run={action.names_run}, name changed: {changed})")
+    assert not untagged, (f"flags without a names_run tag: {untagged}; declare them through the argument groups of "
+                          "training/arguments.py (_group), with names_run=False if they do not change what a run "
+                          "computes")
+    assert not wrong, wrong
 
 
 def test_plan_layout_cli():

@@ -22,12 +22,12 @@ Site settings (account, partition, logs and runs folders, container, GPUs or not
 else site.sh beside the sbatch scripts (`--slurm-dir` prints their folder: slurm/ in a checkout, inside the
 installed package otherwise). Relative paths (runs, logs) are relative to the current folder, where the jobs run
 too. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
-GPU hours come from the FLOPs count (megatron_sat.model.flops: 3 x forward, attention included) at an
+Entries, run-folder names, plans and sbatch arguments: megatron_sat/training/sweep.py (this file parses, prints
+and submits). GPU hours come from the FLOPs count (megatron_sat.model.flops: 3 x forward, attention included) at an
 assumed MFU (--mfu, default 0.40).
 """
 
 import argparse
-import hashlib
 import os
 import shlex
 import subprocess
@@ -38,59 +38,14 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+
+from megatron_sat.analysis.grid import check_sweep_name, record_sweep
+from megatron_sat.training.sweep import build, needs_data, resolve, sbatch_args, site_settings, table
+from recipes.paper import ARCHS, SCALES
+
 # the sbatch scripts: inside the installed package (megatron_sat_tools/slurm), or the checkout's slurm/ folder
 SLURM_DIR = next(d for d in (os.path.join(HERE, "slurm"), os.path.join(ROOT, "slurm")) if os.path.isdir(d))
 CHECKOUT = os.path.isfile(os.path.join(ROOT, "megatron_sat", "train.py")) and os.path.basename(HERE) == "tools"
-
-# trainer arguments that do not change what a run computes: left out of its folder name, so that a run can
-# be resumed under another layout, batch split, logging or checkpoint cadence.
-NAME_IGNORES = {
-    "recipe", "save", "load", "ckpt_step", "save_interval", "save_final", "exit_interval", "exit_duration_in_mins",
-    "eval_interval", "eval_iters", "log_interval", "wandb_project", "wandb_exp_name", "wandb_mode", "peak_tflops",
-    "progress_bar", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-    "num_virtual_stages_per_pipeline_rank", "sequence_parallel", "use_distributed_optimizer", "overlap_grad_reduce",
-    "micro_batch_size", "recompute_granularity", "recompute_num_layers", "data_cache_path", "bf16",
-    "debug_inject_nan_at_step", "data_path", "tokenizer_model", "split",
-    "save_retain_interval", "async_save", "verify_checkpoint", "ckpt_fallback", "allow_tokenizer_mismatch",
-    "debug_save_delay", "debug_fail_save_at", "eval_samples", "train_data_path", "valid_data_path", "test_data_path",
-    "override_opt_param_scheduler", "use_checkpoint_opt_param_scheduler", "distributed_timeout_minutes",
-    "hang_timeout_minutes", "tensorboard_dir",
-}
-NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
-
-
-def _recipes():
-    from megatron_sat.training.planner import load_recipes
-
-    return load_recipes()
-
-
-def resolve(recipe: str, overrides=()):
-    """(trainer args Namespace, run name) for a recipe + trainer flags, with the trainer's own parser."""
-    recipes = _recipes()
-    from megatron_sat.training.arguments import build_parser, recipe_args
-
-    defaults = {a.dest: a.default for a in build_parser()._actions}
-    args = recipe_args(recipe, overrides)
-    rest = {k: v for k, v in sorted(vars(args).items())
-            if k not in NAME_IGNORES and k not in NAMED and v != recipes.get(recipe).get(k, defaults.get(k))}
-    name = (f"{recipe}_lr{args.lr:g}_gbs{args.global_batch_size}_seq{args.seq_length}"
-            f"_it{args.train_iters}_s{args.seed}")
-    if rest:
-        name += "_" + hashlib.sha1(repr(rest).encode()).hexdigest()[:8]
-    return args, name
-
-
-def needs_data(args) -> bool:
-    return not (args.data_path or args.train_data_path or args.mock_data or args.embedded_data)
-
-
-def site_settings(site: str) -> dict:
-    """Values of the site file (sourced by bash): MSAT_* and SBATCH_* variables."""
-    script = f'set -a && source {shlex.quote(site)} >/dev/null && env -0'  # set -a: export what it sets
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
-    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
-    return {k: v for k, v in env.items() if k.startswith(("MSAT_", "SBATCH_"))}
 
 
 def _csv(conv, what: str):
@@ -105,85 +60,11 @@ def _csv(conv, what: str):
     return parse
 
 
-def _entries(archs, scales, seeds):
-    from recipes.paper import cluster, recipe_name
-
-    recipes = _recipes()
-    out = []
-    for scale in scales:
-        for arch in archs:
-            name = recipe_name(arch, scale)
-            if name not in recipes.RECIPES:
-                raise SystemExit(f"error: no recipe {name!r} (arch {arch!r} at scale {scale!r}); "
-                                 f"known: {', '.join(sorted(recipes.RECIPES))}")
-            for seed in seeds:
-                out.append(dict(recipe=name, arch=arch, scale=scale, seed=seed, cluster=cluster(name)))
-    return out
-
-
-def _tokens(n):
-    from megatron_sat.training.planner import _tokens as fmt
-
-    return fmt(n)
-
-
-def _hours(h):
-    return "-" if h is None else (f"{h:,.0f}" if h >= 10 else f"{h:.1f}")
-
-
-def build(opts, trainer_flags):
-    """Grid entries with plans and run names, and the array groups."""
-    from megatron_sat.training.arguments import arch_flag_errors
-    from megatron_sat.training.planner import make_plan
-
-    rows = []
-    for e in _entries(opts.archs, opts.scales, opts.seeds):
-        flags = [*trainer_flags, "--seed", str(e["seed"])]
-        args, name = resolve(e["recipe"], flags)
-        c = dict(e["cluster"])
-        for key in ("nodes", "gpus_per_node", "gpu", "time"):
-            if getattr(opts, key) is not None:
-                c[key] = getattr(opts, key)
-        plan = make_plan(args, recipe=e["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"],
-                         mfu=opts.mfu)
-        plan.errors += arch_flag_errors(args)  # e.g. full recompute with a dense arch (the planner does not build it)
-        rows.append(dict(e, flags=flags, name=name, cluster=c, plan=plan, args=args))
-    groups = {}
-    for r in rows:
-        c = r["cluster"]
-        groups.setdefault((r["scale"], c["nodes"], c["gpus_per_node"], c["gpu"], c["time"]), []).append(r)
-    return rows, groups
-
-
-def table(rows) -> str:
-    from megatron_sat.archs import BASELINES
-
-    head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
-            "run folder"]
-    lines = []
-    for r in rows:
-        p = r["plan"]
-        mem = f"{p.memory['total']:.0f}" if p.memory and p.capacity_gib else "-"
-        status = "" if p.ok else "  INVALID: " + "; ".join(p.errors)
-        lines.append([r["recipe"], str(r["seed"]), f"{p.parameters / 1e6:,.1f}M", _tokens(p.tokens),
-                      f"{p.train_iters:,}", f"{p.nodes} x {p.gpus_per_node} {p.gpu}", p.layout, mem,
-                      _hours(p.gpu_hours), _hours(p.wall_hours), r["name"] + status])
-    widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
-    fmt = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
-    out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in lines]
-    total = sum(r["plan"].gpu_hours or 0 for r in rows)
-    out.append(f"{len(rows)} run(s), {total:,.0f} GPU hours in all (at {100 * rows[0]['plan'].mfu:.0f}% MFU)"
-               if rows else "no runs")
-    baselines = sorted({r["arch"] for r in rows if r["arch"] in BASELINES})
-    if baselines:
-        out.append(f"note: mem GiB counts the extra activations of {', '.join(baselines)} as checked on CPU, "
-                   "not yet measured on a GPU (see tools/plan_layout.py --recipe NAME)")
-    return "\n".join(out)
-
-
 def check_layouts(rows) -> bool:
     """Dry-run every distinct entry of `rows` (the seed does not change the layout); prints one line each."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # here, not at the top: it loads torch and megatron-core (seconds), which --resolve and --dry-run never need,
+    # and after TORCH_CPP_LOG_LEVEL is set
     from megatron_sat.profiling.dry_run import dry_run
 
     seen, ok = set(), True
@@ -207,28 +88,10 @@ def check_layouts(rows) -> bool:
     return ok
 
 
-def sbatch_args(key, n, site, opts, manifest, dependency=None):
-    scale, nodes, gpn, gpu, time_limit = key
-    logs = site.get("MSAT_LOGS", "logs")
-    args = [f"--job-name=msat-{scale}", f"--array=0-{n - 1}" + (f"%{opts.max_parallel}" if opts.max_parallel else ""),
-            f"--nodes={nodes}", f"--ntasks-per-node={gpn}", f"--cpus-per-task={site.get('MSAT_CPUS_PER_TASK', '8')}",
-            f"--time={time_limit}", f"--output={os.path.join(logs, '%x-%A_%a.out')}"]
-    if gpu != "cpu" and site.get("MSAT_GPUS", "1") != "0":
-        args.append(f"--gpus-per-node={gpn}")
-    if opts.segments > 1:
-        args.append("--export=ALL,MSAT_REQUEUE=0")
-    if dependency:
-        args.append(f"--dependency=afterany:{dependency}")
-    args += shlex.split(site.get("MSAT_SBATCH_EXTRA", ""))
-    return args + [os.path.join(SLURM_DIR, "array.sbatch"), manifest]
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     trainer_flags = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    from recipes.paper import ARCHS, SCALES
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--archs", type=_csv(str, "names"), default=list(ARCHS), help="comma-separated (default: all)")
     p.add_argument("--scales", type=_csv(str, "names"), default=list(SCALES),
@@ -274,7 +137,13 @@ def main(argv=None) -> int:
               f"{os.path.join(SLURM_DIR, 'site.sh')}", file=sys.stderr)
         return 2
     site = site_settings(site_file)
-    rows, groups = build(opts, trainer_flags)
+    try:
+        rows, groups = build(opts.archs, opts.scales, opts.seeds, trainer_flags, mfu=opts.mfu,
+                             cluster_overrides=dict(nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, gpu=opts.gpu,
+                                                    time=opts.time))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(table(rows))
     invalid = [r for r in rows if not r["plan"].ok]
     if invalid:
@@ -285,8 +154,6 @@ def main(argv=None) -> int:
     runs_dir = site.get("MSAT_RUNS", "runs")
     manifest_dir = os.path.join(os.path.abspath(runs_dir), "_grid")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    from megatron_sat.analysis.grid import check_sweep_name, record_sweep
-
     try:
         sweep = check_sweep_name(opts.sweep or f"grid-{stamp}")
     except ValueError as e:
@@ -314,7 +181,8 @@ def main(argv=None) -> int:
             print(f"# {manifest} would hold:\n" + "\n".join(f"#   {x}" for x in lines))
         previous = None
         for segment in range(opts.segments):
-            cmd = sbatch_args(key, len(members), site, opts, manifest, dependency=previous)
+            cmd = sbatch_args(key, len(members), site, SLURM_DIR, manifest, max_parallel=opts.max_parallel,
+                              segments=opts.segments, dependency=previous)
             if not opts.submit:
                 dep = "" if segment == 0 else "   # --dependency=afterany:<job id of the line above>"
                 shown = [x if not x.startswith("--dependency") else "--dependency=afterany:$PREV" for x in cmd]

@@ -41,9 +41,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
+import psutil
+
+from megatron_sat.analysis.evaluation import MAIN_METRICS
 from megatron_sat.training.monitor import scale_name
+from megatron_sat.training.records import read_json_file, write_durably
+from megatron_sat.training.run_folder import read_tracker
 
 COLUMNS = ["run", "arch", "scale", "seed", "status", "step", "train_iters", "params", "non_embedding_params",
            "tokens", "train_flops", "final_val_loss", "final_val_step", "best_val_loss", "last_train_loss",
@@ -239,14 +244,12 @@ def process_alive(attempt: dict) -> Optional[bool]:
     if not attempt or attempt.get("host") != socket.gethostname() or not attempt.get("pid"):
         return None
     try:
-        import psutil
-
         proc = psutil.Process(int(attempt["pid"]))
         if proc.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped (an orphan whose parent died with it)
             return False
         start = attempt.get("process_start")
         return start is None or abs(proc.create_time() - float(start)) < 1.0
-    except Exception:  # no such process (or psutil missing: treat as gone)
+    except Exception:  # no such process, or not ours to ask: treat as gone
         return False
 
 
@@ -297,8 +300,6 @@ def data_id(config: dict) -> str:
 def eval_scores(folder: str) -> dict:
     """{'eval:<task>': main metric, 'eval_avg:<suite>': mean} from tools/evaluate.py results.json files in a run
     folder (any depth, checkpoints left out)."""
-    from megatron_sat.analysis.evaluation import MAIN_METRICS
-
     out = {}
     for path in sorted(glob.glob(os.path.join(folder, "**", "results.json"), recursive=True)):
         if os.sep + "iter_" in path[len(folder):]:
@@ -331,8 +332,6 @@ def read_run(folder: str, slurm: Optional[Dict[str, str]] = None, stale_s: float
     age = time.time() - os.path.getmtime(metrics_path)
     status, reason = run_status(records, config, process_alive(attempt), slurm_state, age, stale_s)
     try:
-        from megatron_sat.training.run_folder import read_tracker
-
         saved_step = read_tracker(folder)
     except Exception:  # noqa: BLE001 - a tracker being written or damaged: the checkpoint tools name it
         saved_step = None
@@ -377,18 +376,6 @@ def read_run(folder: str, slurm: Optional[Dict[str, str]] = None, stale_s: float
     return row
 
 
-def read_runs(folders: Iterable[str], stale_s: float = 3600.0, progress=None) -> List[dict]:
-    paths = find_runs(folders)
-    slurm = squeue_states()
-    rows = []
-    for i, path in enumerate(paths, start=1):
-        if progress:
-            progress(f"reading {i}/{len(paths)}: {path}")
-        rows.append(read_run(path, slurm, stale_s))
-    add_final_states(rows, *sacct_states(r["slurm_job"] for r in rows if r.get("slurm_state") not in ACTIVE_SLURM))
-    return rows
-
-
 # ---------------------------------------------------------------------------------------------- sweeps
 SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -403,8 +390,6 @@ def record_sweep(folder: str, sweep: str, arrays: List[dict]) -> str:
     """Add submitted job arrays to <folder>/<sweep>.json (tools/submit_grid.py --submit; a sweep submitted in
     several calls grows): {"sweep", "arrays": [{"job", "manifest", "entries": [{recipe, arch, scale, seed,
     run}]}]}. Returns its path."""
-    from megatron_sat.training.records import read_json_file, write_durably
-
     path = os.path.join(folder, f"{check_sweep_name(sweep)}.json")
     say = lambda text: print(text, file=sys.stderr)  # noqa: E731
     record = read_json_file(path, say, what="its earlier job arrays are listed there, not in the new record") \
@@ -449,6 +434,64 @@ def pending_entries(sweeps: List[dict], rows: List[dict], slurm: Optional[Dict[s
                                 seed=entry.get("seed"), status=status, slurm_job=job, slurm_state=state,
                                 sweep=sweep["sweep"]))
     return out
+
+
+def select_sweep(rows: List[dict], sweeps: List[dict], name: Optional[str]) -> Tuple[List[dict], List[dict]]:
+    """(rows, sweep records) of sweep `name` only (all of them without a name): the runs its record lists or whose
+    config.json names it; GridError when there is neither a run nor a record of it."""
+    if not name:
+        return rows, sweeps
+    sweeps = [s for s in sweeps if s["sweep"] == name]
+    listed = {e["run"] for s in sweeps for a in s["arrays"] for e in a["entries"]}
+    rows = [r for r in rows if r.get("sweep") == name or r["run"] in listed]
+    if not rows and not sweeps:
+        raise GridError(f"no run of sweep {name!r} below the folders given")
+    return rows, sweeps
+
+
+def read_runs(folders: List[str], sweep: Optional[str] = None, stale_s: float = 3600.0,
+              log: Optional[Callable[[str], None]] = None):
+    """(rows, pending, note): a row per run folder below `folders` (read_run; sweep `sweep`'s only when given),
+    the sweep records' entries that have no run folder yet (pending_entries), both with Slurm's final states of
+    their finished jobs (add_final_states); note says why sacct could not give them (else None). `log` gets
+    progress lines. GridError for bad input (find_runs, read_run, select_sweep)."""
+    log = log or (lambda text: None)
+    paths = find_runs(folders)
+    log(f"collect_grid: {len(paths)} run folder(s) below {', '.join(folders)}")
+    slurm = squeue_states()
+    rows = []
+    for i, path in enumerate(paths, start=1):
+        if i == len(paths) or i % 10 == 1:
+            log(f"  reading {i}/{len(paths)}: {os.path.relpath(path)}")
+        rows.append(read_run(path, slurm, stale_s=stale_s))
+    rows, sweeps = select_sweep(rows, sweep_records(folders), sweep)
+    pending = pending_entries(sweeps, rows, slurm)
+    # finished jobs: Slurm's final state, exit code and elapsed time from its accounting (sacct)
+    accounting, note = sacct_states(r["slurm_job"] for r in rows + pending if r.get("slurm_state") not in ACTIVE_SLURM)
+    add_final_states(rows + pending, accounting, note)
+    return rows, pending, note
+
+
+def wait_for_sweep(folders: List[str], sweep: str, log: Callable[[str], None]) -> None:
+    """Return once none of the sweep's recorded Slurm jobs (array tasks, requeued jobs) is in squeue, polling every
+    5 s, backing off to 60 s; GridError when the sweep has no record or squeue does not answer."""
+    delay, since = 5.0, time.time()
+    while True:
+        records = [s for s in sweep_records(folders) if s["sweep"] == sweep]
+        if not records:
+            raise GridError(f"--wait: no record of sweep {sweep!r} below {', '.join(folders)} "
+                            "(<runs>/_grid/<sweep>.json, written by submit_grid --submit)")
+        jobs = {str(j) for r in records for a in r["arrays"] for j in a.get("jobs") or [a["job"]]}
+        queue = squeue_states()
+        if queue is None:
+            raise GridError("--wait: squeue does not answer (run this where Slurm's commands work)")
+        live = sorted({j.split("_")[0] for j in queue} & jobs)
+        if not live:
+            log(f"collect_grid: no job of sweep {sweep} is queued or running ({time.time() - since:.0f} s waited)")
+            return
+        log(f"collect_grid: waiting for job(s) {', '.join(live)} of sweep {sweep} ...")
+        time.sleep(delay)
+        delay = min(60.0, delay * 1.5)
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -33,6 +33,27 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _group(parser: argparse.ArgumentParser, title: Optional[str], names_run: bool):
+    """add_argument of a new argument group of `parser` (of the parser itself without a title) that tags each
+    flag's action with `names_run`: True for a flag whose value is part of what a run is (it goes into the run
+    folder's name, training/sweep.py: another value is another run), False for one that only says how a run is
+    laid out, stored, logged or stopped (layout, micro-batch, paths, cadences), so that a run resumes under
+    another value. The group's value is the default; a flag unlike its group passes its own names_run=."""
+    add = parser.add_argument_group(title).add_argument if title else parser.add_argument
+
+    def tagged(*flags, names_run: bool = names_run, **kwargs):
+        action = add(*flags, **kwargs)
+        action.names_run = names_run
+        return action
+
+    return tagged
+
+
+def unnamed_dests(parser: Optional[argparse.ArgumentParser] = None) -> set:
+    """The arguments (dests) of the flags tagged names_run=False: left out of run-folder names."""
+    return {a.dest for a in (parser or build_parser())._actions if getattr(a, "names_run", True) is False}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="megatron-sat-train",
@@ -43,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "--hidden-size, --num-attention-heads and --train-iters or --train-samples.",
         formatter_class=_HelpFormatter,
     )
-    a = p.add_argument
-    g = p.add_argument_group("recipe, config file and model").add_argument
-    g("--recipe", default=None,
+    # each group says whether its flags name a run (names_run, see _group); a flag unlike its group says so itself
+    a = _group(p, None, names_run=False)
+    g = _group(p, "recipe, config file and model", names_run=True)
+    g("--recipe", default=None, names_run=False,
       help="start from a recipe: a name in recipes/, or module:function (also path/to/file.py:function) of your own "
            "that returns {argument: value}; --config and flags override it")
     g("--config", default=None, metavar="FILE",
@@ -78,29 +100,30 @@ def build_parser() -> argparse.ArgumentParser:
     g("--output-layer-init", default="scaled", choices=list(archs.OUTPUT_LAYER_INITS),
       help="attention-output and MLP-down projections: scaled = N(0, std / sqrt(2L)) (Megatron), unscaled = "
            "N(0, std) (the SATFormer authors; the paper recipes)")
-    g("--recompute-granularity", default=None, choices=["full", "selective"])
+    g("--recompute-granularity", default=None, choices=["full", "selective"], names_run=False)
     g("--recompute-method", default=None, choices=["uniform", "block"],
       help="with --recompute-granularity full (Megatron-LM's meaning): uniform = checkpoint every "
            "--recompute-num-layers layers as one chunk, block = only the first --recompute-num-layers layers of "
            "each pipeline stage; default: uniform")
-    g("--recompute-num-layers", type=int, default=1)
-    g = p.add_argument_group("parallelism").add_argument
+    g("--recompute-num-layers", type=int, default=1, names_run=False)
+    g = _group(p, "parallelism", names_run=False)
     g("--tensor-model-parallel-size", type=int, default=1)
     g("--pipeline-model-parallel-size", type=int, default=1)
     g("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
     g("--sequence-parallel", action="store_true")
-    g("--context-parallel-size", type=int, default=1, help="needs Transformer Engine attention (GPU)")
-    g("--transformer-impl", default="auto", choices=["auto", "local", "transformer_engine"],
+    g("--context-parallel-size", type=int, default=1, names_run=True, help="needs Transformer Engine attention (GPU)")
+    g("--transformer-impl", default="auto", choices=["auto", "local", "transformer_engine"], names_run=True,
       help="layer implementation; auto = transformer_engine when it imports on a GPU, else local")
-    g("--local-attention", default="sdpa", choices=list(archs.LOCAL_ATTENTION),
+    g("--local-attention", default="sdpa", choices=list(archs.LOCAL_ATTENTION), names_run=True,
       help="core attention of the local implementation: sdpa = torch's scaled_dot_product_attention (flash "
            "kernels on GPUs), dot_product = Megatron's DotProductAttention (materialises the s x s scores)")
-    g("--fp8-format", default=None, choices=["e4m3", "hybrid"], help="FP8 GEMMs (Transformer Engine, Hopper+)")
+    g("--fp8-format", default=None, choices=["e4m3", "hybrid"], names_run=True,
+      help="FP8 GEMMs (Transformer Engine, Hopper+)")
     g("--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
       help="default: on with a GPU, off on CPU")
     g("--overlap-grad-reduce", action="store_true")
-    g = p.add_argument_group("batch and schedule").add_argument
-    g("--micro-batch-size", type=int, default=2)
+    g = _group(p, "batch and schedule", names_run=True)
+    g("--micro-batch-size", type=int, default=2, names_run=False)
     g("--global-batch-size", type=int, default=8)
     g("--seq-length", type=int, default=32)
     g("--train-iters", type=int, default=20,
@@ -115,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     g("--lr-decay-style", default="cosine", choices=["cosine", "linear", "constant"])
     g("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
     g("--override-opt_param-scheduler", "--override-opt-param-scheduler", dest="override_opt_param_scheduler",
-      action="store_true",
+      action="store_true", names_run=False,
       help="on resume, follow this command's LR schedule (--lr, --min-lr, warmup, decay, --weight-decay) from the "
            "resumed iteration on, instead of the checkpoint's; the optimizer state is kept (Megatron-LM's flag)")
     g("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
-      dest="use_checkpoint_opt_param_scheduler", action="store_true",
+      dest="use_checkpoint_opt_param_scheduler", action="store_true", names_run=False,
       help="on resume, keep the checkpoint's LR schedule and ignore this command's schedule flags (Megatron-LM's "
            "flag). Without either flag a resume whose schedule flags differ from the checkpoint's is refused")
     g("--clip-grad", type=float, default=1.0)
@@ -130,34 +153,36 @@ def build_parser() -> argparse.ArgumentParser:
     g("--adam-beta1", type=float, default=0.9)
     g("--adam-beta2", type=float, default=0.95)
     g("--adam-eps", type=float, default=1e-8)
-    g("--bf16", action=argparse.BooleanOptionalAction, default=None, help="default: on with a GPU, off on CPU")
+    g("--bf16", action=argparse.BooleanOptionalAction, default=None, names_run=False,
+      help="default: on with a GPU, off on CPU")
     g("--seed", type=int, default=1234)
-    g = p.add_argument_group("data").add_argument
+    g = _group(p, "data", names_run=False)
     g("--data-path", nargs="*", default=None, help="indexed dataset prefix(es) or a blend 'w1 p1 w2 p2'")
     g("--split", default="98,2,0")
     # separate datasets per split (Megatron-LM's names), instead of --data-path + --split; each a prefix or blend
     g("--train-data-path", nargs="*", default=None, help="training data: a prefix or a blend 'w1 p1 w2 p2'")
     g("--valid-data-path", nargs="*", default=None, help="validation data (default: none, no validation)")
     g("--test-data-path", nargs="*", default=None, help="test data")
-    g("--data-args-path", default=None, metavar="FILE",
+    g("--data-args-path", default=None, metavar="FILE", names_run=True,
       help="instead of --data-path (Megatron-LM): a file holding the --data-path value (prefixes or a blend "
            "'w1 p1 w2 p2', whitespace-separated), for blends too long for a command line")
-    g("--tokenizer-type", default=None, metavar="TYPE",
+    g("--tokenizer-type", default=None, metavar="TYPE", names_run=True,
       help="Megatron-LM's tokenizer type: HuggingFaceTokenizer (the only kind read here, with --tokenizer-model), "
            "or NullTokenizer with --mock-data; default: HuggingFaceTokenizer")
     g("--tokenizer-model", default=None,
       help="HF tokenizer folder / tokenizer.json / hub name (Megatron-LM's meaning with HuggingFaceTokenizer)")
-    g("--mock-data", action=argparse.BooleanOptionalAction, default=False,
+    g("--mock-data", action=argparse.BooleanOptionalAction, default=False, names_run=True,
       help="synthetic tokens (throughput runs); needs --vocab-size. --data-path or --embedded-data on the command "
            "line replaces a recipe's mock data")
-    g("--embedded-data", default=None, metavar="DIR",
+    g("--embedded-data", default=None, metavar="DIR", names_run=True,
       help="build (once) the embedded corpus, a BPE tokenizer and its dataset in DIR and train on it")
-    g("--vocab-size", type=int, default=None, help="mock data vocabulary / embedded BPE size")
+    g("--vocab-size", type=int, default=None, names_run=True, help="mock data vocabulary / embedded BPE size")
     g("--data-cache-path", default=None)
     g("--allow-tokenizer-mismatch", action="store_true",
       help="train even though the data's .meta.json names a different tokenizer")
-    g("--make-vocab-size-divisible-by", type=int, default=128, help="pad the model's vocabulary (x TP)")
-    g = p.add_argument_group("checkpoints and stopping").add_argument
+    g("--make-vocab-size-divisible-by", type=int, default=128, names_run=True,
+      help="pad the model's vocabulary (x TP)")
+    g = _group(p, "checkpoints and stopping", names_run=False)
     g("--save", default=None, help="run folder: checkpoints, metrics.jsonl, config.json (default runs/RECIPE)")
     g("--load", default=None, help="resume from this folder's latest complete checkpoint")
     g("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
@@ -165,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="if the checkpoint to load is corrupt or missing, resume from the newest complete one before it")
     g("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
       help="load without checking the files against the checkpoint's manifest (sizes and checksums)")
-    g("--pretrained-checkpoint", default=None, metavar="DIR",
+    g("--pretrained-checkpoint", default=None, metavar="DIR", names_run=True,
       help="when --load has nothing to resume, start from the model weights of DIR's latest checkpoint (fine-"
            "tuning, or an HF import under a new schedule): new optimizer, LR schedule, data order, iteration 0")
     g("--save-interval", type=int, default=None)
@@ -184,16 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
            "the ranks that stopped and where, prints its Python stacks and exits 75, which slurm/launch.sh "
            "requeues (default: --distributed-timeout-minutes, else 10; 0: off). Must exceed the longest step, "
            "evaluation pass and save")
-    g("--finetune", action="store_true",
+    g("--finetune", action="store_true", names_run=True,
       help="(Megatron-LM) load only the model weights of --load's checkpoint and start at iteration 0 with a new "
            "optimizer, LR schedule, RNG and data order; --save must be another folder")
-    g("--no-load-optim", action="store_true",
+    g("--no-load-optim", action="store_true", names_run=True,
       help="(Megatron-LM) resume --load without its optimizer state and LR schedule (both start afresh at the "
            "loaded iteration); weights, iteration, consumed samples and RNG are loaded")
-    g("--no-load-rng", action="store_true", help="(Megatron-LM) resume --load without its RNG states")
-    g("--ckpt-format", default="torch_dist", metavar="FORMAT",
+    g("--no-load-rng", action="store_true", names_run=True, help="(Megatron-LM) resume --load without its RNG states")
+    g("--ckpt-format", default="torch_dist", metavar="FORMAT", names_run=True,
       help="checkpoint format: torch_dist (Megatron-Core dist checkpointing) is the only one written and read here")
-    g("--exit-signal-handler", action="store_true",
+    g("--exit-signal-handler", action="store_true", names_run=True,
       help="accepted for Megatron-LM command lines; a no-op: SIGTERM / SIGUSR1 always save a checkpoint and exit 0")
     g("--exit-interval", type=int, default=None, help="save and exit at the first iteration that is a multiple of N")
     g("--exit-duration-in-mins", type=float, default=None, help="save and exit after this wall time")
@@ -202,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--eval-samples", type=int, default=None, metavar="N",
       help="sequences per evaluation (rounded up to a multiple of micro-batch x data-parallel size) instead of "
            "--eval-iters global batches")
-    g = p.add_argument_group("logging").add_argument
+    g = _group(p, "logging", names_run=False)
     g("--log-interval", type=int, default=10)
     g("--wandb-project", default=None)
     g("--wandb-exp-name", default=None)
@@ -214,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--peak-tflops", type=float, default=None, help="peak TFLOP/s per device for MFU (default: device table)")
     g("--no-progress-bar", dest="progress_bar", action="store_false")
     # downstream tasks during training (megatron_sat/analysis/training_tasks.py); checked by eval_tasks_errors
-    g = p.add_argument_group("downstream tasks (lm-eval, during training)").add_argument
+    g = _group(p, "downstream tasks (lm-eval, during training)", names_run=True)
     g("--eval-tasks", default=None, metavar="TASKS",
       help="comma-separated lm-eval tasks scored on the model being trained, every --eval-tasks-interval steps and "
            "at the end (metrics.jsonl and wandb; a failing task is reported and training goes on); TP x DP, PP1")
@@ -247,7 +272,8 @@ def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentPar
 def recipe_parser(recipe: Optional[str]) -> argparse.ArgumentParser:
     """The trainer's parser with `recipe`'s values as its defaults (ValueError for an unknown recipe or one that
     sets arguments the trainer does not have). The one way a recipe becomes arguments: the trainer, the
-    planner, the throughput profiler (profiling/settings.py) and tools/submit_grid.py all resolve recipes here."""
+    planner, the throughput profiler (profiling/settings.py) and the Slurm grid (training/sweep.py) all resolve
+    recipes here."""
     parser = build_parser()
     parser.set_defaults(**recipe_defaults(recipe, parser))
     return parser

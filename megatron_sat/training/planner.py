@@ -171,7 +171,7 @@ class Plan:
             f"layout {self.layout}",
             f"  batch     micro {self.micro_batch_size} x DP {self.dp} x {self.num_microbatches} accumulation = "
             f"global {self.global_batch_size} x seq {self.seq_length} = {self.tokens_per_step:,} tokens/step",
-            f"  schedule  {self.train_iters:,} steps = {_tokens(self.tokens)} tokens, warmup {self.warmup_iters}, "
+            f"  schedule  {self.train_iters:,} steps = {format_tokens(self.tokens)} tokens, warmup {self.warmup_iters}, "
             f"peak lr {self.lr:g}",
         ]
         if m and self.capacity_gib is None:
@@ -193,7 +193,8 @@ class Plan:
         return "\n".join(lines)
 
 
-def _tokens(n: float) -> str:
+def format_tokens(n: float) -> str:
+    """A token count as 1.23B, 4.56M or 7,890 (plans and the grid table)."""
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,.0f}"
 
 

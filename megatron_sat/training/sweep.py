@@ -1,0 +1,146 @@
+"""A sweep of training runs (archs x scales x seeds) resolved for Slurm: each entry's trainer arguments, run-folder
+name and plan, the job arrays they group into, and the sbatch arguments of each array. tools/submit_grid.py is the
+command line (it prints, writes the manifests and submits); slurm/launch.sh asks it for a run's name:
+
+    python tools/submit_grid.py --dry-run --archs satformer --scales 760M --seeds 1,2
+    python tools/submit_grid.py --resolve satformer_760M -- --seed 2   # RUN_NAME, TRAIN_ITERS, NEEDS_DATA
+
+A run folder's name is `{recipe}_lr{lr}_gbs{global batch}_seq{seq length}_it{train iters}_s{seed}`, plus a short
+hash of every other argument that names a run (training/arguments.py tags each flag: names_run) and differs from
+the recipe's value; the flags tagged names_run=False (layout, micro-batch, paths, cadences, logging) are left out,
+so that a run resumes under another layout, batch split, logging or checkpoint cadence.
+"""
+
+import hashlib
+import os
+import shlex
+import subprocess
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
+from megatron_sat.archs import BASELINES
+from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, unnamed_dests
+from recipes.paper import cluster, recipe_name
+
+# training/planner.py is imported inside build and table, not here: it loads megatron-core (seconds of start-up),
+# which resolve (slurm/launch.sh's --resolve at every job start) does not need
+
+NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
+CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "time")  # an entry's cluster shape; the command line overrides it
+
+
+def resolve(recipe: str, overrides: Sequence[str] = ()):
+    """(trainer args Namespace, run name) for a recipe + trainer flags, with the trainer's own parser."""
+    parser = build_parser()
+    defaults = {a.dest: a.default for a in parser._actions}
+    given = recipes.get(recipe)
+    args = recipe_args(recipe, overrides)
+    skip = unnamed_dests(parser) | set(NAMED)
+    rest = {k: v for k, v in sorted(vars(args).items()) if k not in skip and v != given.get(k, defaults.get(k))}
+    name = (f"{recipe}_lr{args.lr:g}_gbs{args.global_batch_size}_seq{args.seq_length}"
+            f"_it{args.train_iters}_s{args.seed}")
+    if rest:
+        name += "_" + hashlib.sha1(repr(rest).encode()).hexdigest()[:8]
+    return args, name
+
+
+def needs_data(args) -> bool:
+    """Whether the run reads a dataset that slurm/launch.sh has to find (no data flag, mock or embedded data)."""
+    return not (args.data_path or args.train_data_path or args.mock_data or args.embedded_data)
+
+
+def site_settings(site: str) -> Dict[str, str]:
+    """Values of the site file (sourced by bash): MSAT_* and SBATCH_* variables."""
+    script = f'set -a && source {shlex.quote(site)} >/dev/null && env -0'  # set -a: export what it sets
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    return {k: v for k, v in env.items() if k.startswith(("MSAT_", "SBATCH_"))}
+
+
+def entries(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int]) -> List[dict]:
+    """The grid's entries (recipe, arch, scale, seed, its default cluster), scale by scale; ValueError for an
+    arch x scale without a recipe."""
+    known = recipes.RECIPES
+    out = []
+    for scale in scales:
+        for arch in archs:
+            name = recipe_name(arch, scale)
+            if name not in known:
+                raise ValueError(f"no recipe {name!r} (arch {arch!r} at scale {scale!r}); known: {', '.join(sorted(known))}")
+            for seed in seeds:
+                out.append(dict(recipe=name, arch=arch, scale=scale, seed=seed, cluster=cluster(name)))
+    return out
+
+
+def build(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int], trainer_flags: Sequence[str] = (),
+          cluster_overrides: Optional[dict] = None, mfu: float = 0.40) -> Tuple[List[dict], Dict[tuple, List[dict]]]:
+    """(rows, groups): every entry with its flags, run name, cluster, plan and arguments, and the entries grouped
+    into job arrays by cluster shape, keyed (scale, nodes, GPUs per node, GPU kind, time limit)."""
+    from megatron_sat.training.planner import make_plan  # megatron-core: see the imports above
+
+    overrides = {k: v for k, v in (cluster_overrides or {}).items() if k in CLUSTER_KEYS and v is not None}
+    rows = []
+    for e in entries(archs, scales, seeds):
+        flags = [*trainer_flags, "--seed", str(e["seed"])]
+        args, name = resolve(e["recipe"], flags)
+        c = dict(e["cluster"], **overrides)
+        plan = make_plan(args, recipe=e["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"],
+                         mfu=mfu)
+        plan.errors += arch_flag_errors(args)  # e.g. full recompute with a dense arch (the planner does not build it)
+        rows.append(dict(e, flags=flags, name=name, cluster=c, plan=plan, args=args))
+    groups = {}
+    for r in rows:
+        c = r["cluster"]
+        groups.setdefault((r["scale"], c["nodes"], c["gpus_per_node"], c["gpu"], c["time"]), []).append(r)
+    return rows, groups
+
+
+def _hours(h: Optional[float]) -> str:
+    return "-" if h is None else (f"{h:,.0f}" if h >= 10 else f"{h:.1f}")
+
+
+def table(rows: List[dict]) -> str:
+    """The grid as a text table (one line per entry: size, layout, memory, GPU hours, run folder) and its total."""
+    from megatron_sat.training.planner import format_tokens  # megatron-core: see the imports above
+
+    head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
+            "run folder"]
+    lines = []
+    for r in rows:
+        p = r["plan"]
+        mem = f"{p.memory['total']:.0f}" if p.memory and p.capacity_gib else "-"
+        status = "" if p.ok else "  INVALID: " + "; ".join(p.errors)
+        lines.append([r["recipe"], str(r["seed"]), f"{p.parameters / 1e6:,.1f}M", format_tokens(p.tokens),
+                      f"{p.train_iters:,}", f"{p.nodes} x {p.gpus_per_node} {p.gpu}", p.layout, mem,
+                      _hours(p.gpu_hours), _hours(p.wall_hours), r["name"] + status])
+    widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
+    fmt = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
+    out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in lines]
+    total = sum(r["plan"].gpu_hours or 0 for r in rows)
+    out.append(f"{len(rows)} run(s), {total:,.0f} GPU hours in all (at {100 * rows[0]['plan'].mfu:.0f}% MFU)"
+               if rows else "no runs")
+    baselines = sorted({r["arch"] for r in rows if r["arch"] in BASELINES})
+    if baselines:
+        out.append(f"note: mem GiB counts the extra activations of {', '.join(baselines)} as checked on CPU, "
+                   "not yet measured on a GPU (see tools/plan_layout.py --recipe NAME)")
+    return "\n".join(out)
+
+
+def sbatch_args(key: tuple, n: int, site: Dict[str, str], slurm_dir: str, manifest: str, *,
+                max_parallel: Optional[int] = None, segments: int = 1, dependency: Optional[str] = None) -> List[str]:
+    """sbatch's arguments for one job array of `n` entries of the group `key` (build's groups) over `manifest`
+    (slurm_dir/array.sbatch runs it); `site`: site_settings. With segments > 1 the job does not requeue itself
+    (MSAT_REQUEUE=0): the next segment, --dependency=afterany on this one, takes over."""
+    scale, nodes, gpn, gpu, time_limit = key
+    logs = site.get("MSAT_LOGS", "logs")
+    args = [f"--job-name=msat-{scale}", f"--array=0-{n - 1}" + (f"%{max_parallel}" if max_parallel else ""),
+            f"--nodes={nodes}", f"--ntasks-per-node={gpn}", f"--cpus-per-task={site.get('MSAT_CPUS_PER_TASK', '8')}",
+            f"--time={time_limit}", f"--output={os.path.join(logs, '%x-%A_%a.out')}"]
+    if gpu != "cpu" and site.get("MSAT_GPUS", "1") != "0":
+        args.append(f"--gpus-per-node={gpn}")
+    if segments > 1:
+        args.append("--export=ALL,MSAT_REQUEUE=0")
+    if dependency:
+        args.append(f"--dependency=afterany:{dependency}")
+    args += shlex.split(site.get("MSAT_SBATCH_EXTRA", ""))
+    return args + [os.path.join(slurm_dir, "array.sbatch"), manifest]
