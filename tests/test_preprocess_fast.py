@@ -209,10 +209,11 @@ def test_preprocess_fast_equals_plain_and_megatron_core(tokenizer, corpus, tmp_p
 
 
 def test_preprocessing_imports_neither_torch_nor_megatron_core(tokenizer, tmp_path):
-    """Not by importing, and not by a whole run on a tokenizer folder (plain load: no transformers, no torch)."""
+    """Not by importing, and not by a whole run on a tokenizer folder (plain load: no transformers, no torch).
+    The package's `preprocess` is the function even after its submodule was imported (by shards, here)."""
     src = write_jsonl(tmp_path / "in.jsonl", ["one document", "and another"])
-    code = ("import sys, megatron_sat.data.preprocess as p; "
-            f"r = p.preprocess([{src!r}], {str(tokenizer.name)!r}, {str(tmp_path / 'out')!r}, progress=False); "
+    code = ("import sys, megatron_sat.data.shards; from megatron_sat.data import preprocess; "
+            f"r = preprocess([{src!r}], {str(tokenizer.name)!r}, {str(tmp_path / 'out')!r}, progress=False); "
             "print(r.num_docs, sorted(m for m in ('torch', 'megatron.core', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "2 []"

@@ -15,13 +15,17 @@ Typical use::
     batch = next(iter(loader))   # tokens/labels/loss_mask/position_ids [b, s]
 """
 
+# The function `preprocess` is bound here at import: were it looked up on first use like the names below, any
+# earlier import of the submodule megatron_sat.data.preprocess would have bound the module under that name first.
+from megatron_sat.data.preprocess import preprocess  # light: no torch, no megatron-core
+
 # Imported on first use (PEP 562), so that preprocessing (megatron_sat.data.preprocess) does not import the
 # dataset builder, hence torch and megatron-core: seconds of start-up per preprocessing run.
 _WHERE = {
     "DistributedBatchSampler": "builder", "GPTDatasets": "builder", "build_data_loader": "builder",
     "build_datasets": "builder", "collate_batch": "builder", "parse_blend": "builder",
     "CorpusInfo": "corpus", "default_corpus_documents": "corpus", "write_default_corpus": "corpus",
-    "PreprocessError": "preprocess", "PreprocessResult": "preprocess", "preprocess": "preprocess",
+    "PreprocessError": "preprocess", "PreprocessResult": "preprocess",
     "read_documents": "preprocess",
     "InputError": "readers", "expand_inputs": "readers", "iter_documents": "encode",
     "merge_datasets": "shards", "preprocess_shards": "shards", "shard_prefixes": "shards", "write_blend": "shards",
