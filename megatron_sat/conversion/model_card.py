@@ -15,6 +15,8 @@ import json
 import os
 from typing import Optional
 
+from huggingface_hub import ModelCardData
+
 PAPER_CITATION = """@article{gunasekaran2026satformer,
   title   = {Transformers with Selective Access to Early Representations},
   author  = {Gunasekaran and Wright and Zhu and Eshraghian},
@@ -58,8 +60,6 @@ def eval_scores(run_dir: Optional[str]) -> list:
 
 def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_samples: Optional[int]) -> str:
     """README.md text for the export described by `info` (export.py's summary)."""
-    from huggingface_hub import ModelCardData
-
     spec, arch = info.get("spec") or {}, info["arch"]
     seq = run_config.get("seq_length") or spec.get("max_position_embeddings")
     tokens = consumed_samples * seq if consumed_samples is not None and seq else None

@@ -15,6 +15,8 @@ Typical use::
     batch = next(iter(loader))   # tokens/labels/loss_mask/position_ids [b, s]
 """
 
+import importlib
+
 # Imported on first use (PEP 562), so that preprocessing (megatron_sat.data.preprocess) does not import the
 # dataset builder, hence torch and megatron-core: seconds of start-up per preprocessing run.
 _WHERE = {
@@ -33,8 +35,6 @@ _WHERE = {
 def __getattr__(name):
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"megatron_sat.data.{_WHERE[name]}"), name)
     globals()[name] = value
     return value
