@@ -23,9 +23,17 @@ next step and exit instead of training on unsupervised. No library offers this; 
 method of torch's LocalElasticAgent (checked by tests/test_faults_signals.py).
 """
 
+import os
 import signal
 import sys
 from typing import List, Optional
+
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.run import parse_args, run
+
+from megatron_sat.training.watchdog import HANG_EXIT
 
 PREEMPTION_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 SHUTDOWN_TIMEOUT_S = 600
@@ -40,8 +48,6 @@ def _given(argv: List[str], *flags: str) -> bool:
 
 def with_defaults(argv: List[str]) -> List[str]:
     """torchrun's arguments with this launcher's defaults put in front (a flag the user gave wins)."""
-    import os
-
     extra = []
     if not _given(argv, "--signals-to-handle", "--signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:
         extra.append(f"--signals-to-handle={PREEMPTION_SIGNALS}")
@@ -53,8 +59,6 @@ def with_defaults(argv: List[str]) -> List[str]:
 
 def _record_exit_codes() -> None:
     """After the agent shuts its workers down, keep their exit codes (torch does not return them on a signal)."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
     if getattr(LocalElasticAgent, "_megatron_sat_exit_codes", False):
         return
     original = LocalElasticAgent._shutdown
@@ -69,12 +73,6 @@ def _record_exit_codes() -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
-    from torch.distributed.run import parse_args, run
-
-    from megatron_sat.training.watchdog import HANG_EXIT
-
     argv = with_defaults(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     _record_exit_codes()

@@ -23,22 +23,24 @@ import os
 import sys
 import warnings
 
+from megatron_sat.training.arguments import parse_args  # no torch, no megatron-core
+
 
 def main(argv=None) -> int:
-    from megatron_sat.training.arguments import parse_args
-
     args = parse_args(argv)  # exits with code 2 and a message on bad input, before any heavy import
     if not os.environ.get("MEGATRON_SAT_VERBOSE"):  # megatron-core's CPU fallback notices, deprecations
         warnings.filterwarnings("ignore", category=UserWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
         logging.getLogger("megatron").setLevel(logging.ERROR)
+    # torch and megatron-core are imported after the arguments are parsed (--help and bad input answer at once)
+    # and after the warning filters above (megatron-core warns at import)
     from megatron_sat.training.trainer import train
 
     task_runner = None
     if args.eval_tasks:  # lm-eval on the model being trained (the trainer may not import analysis/)
-        from megatron_sat.analysis.training_tasks import TaskRunner as task_runner
+        from megatron_sat.analysis.training_tasks import TaskRunner as task_runner  # lm-eval: optional (eval extra)
     code = train(args, task_runner=task_runner)
-    import torch
+    import torch  # not at the top, for the same start-up reason (the trainer imported it already)
 
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -12,6 +12,11 @@ Building blocks, meant to be combined by later recipes (e.g. the paper's scaling
     model(arch, size, **overrides)   arch + shape
 """
 
+import importlib
+import importlib.util
+import os
+import pkgutil
+import sys
 from functools import partial
 from typing import Callable, Dict
 
@@ -57,11 +62,6 @@ def get(name: str) -> dict:
 
 def _external(name: str) -> dict:
     """The defaults of recipe `module:function` (ValueError with what went wrong)."""
-    import importlib
-    import importlib.util
-    import os
-    import sys
-
     module_name, _, function = name.rpartition(":")
     try:
         if module_name.endswith(".py"):
@@ -130,9 +130,6 @@ def demo() -> dict:
 def _register_submodules() -> None:
     """Import every module of this package (e.g. recipes/paper.py, the paper's grid) so that their
     @register calls run and `--recipe NAME` finds them."""
-    import importlib
-    import pkgutil
-
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
 

@@ -22,6 +22,13 @@ import sys
 import pytest
 import torch
 from dist_utils import run_distributed
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
+
+from megatron_sat.conversion import ConversionError, import_hf
+from megatron_sat.conversion.export import check_gate_matches_authors
+from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_shapes, megatron_to_hf
+from megatron_sat.model.config import GATES, gate_function
 
 pytestmark = pytest.mark.slow  # Hugging Face conversion: trainer runs, exports and imports in subprocesses
 
@@ -57,8 +64,6 @@ def one_thread():
 
 
 def hf_model(path):
-    from transformers import AutoModelForCausalLM
-
     if path not in _models:
         _models[path] = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
     return _models[path]
@@ -84,8 +89,6 @@ def test_export_names_and_classes(built):
         model = hf_model(folder)
         names = set(model.state_dict())
         if variant == "transformer":  # transformers' Qwen3, subclassed only to give q/k norms their own eps
-            from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
-
             assert cfg["model_type"] == "qwen3" and type(model).__name__ == "Qwen3ForCausalLM"
             assert isinstance(model, Qwen3ForCausalLM)
             assert [n for n in os.listdir(folder) if n.endswith(".py")] == ["modeling_transformer.py"]
@@ -105,8 +108,6 @@ def test_export_names_and_classes(built):
             assert cfg["qk_norm_eps"] == 1e-5 and cfg["norm_eps"] == 1e-6
             want = AUTHORS_KEYS[variant](cfg)
             assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == want
-            from safetensors.torch import load_file
-
             saved = load_file(os.path.join(folder, "model.safetensors"))
             assert {k: tuple(v.shape) for k, v in saved.items()} == {k: v for k, v in want.items() if k != "lm_head.weight"}
             for name in os.listdir(folder):
@@ -190,8 +191,6 @@ AUTHORS_MODEL_TYPES = {"hyperconnections": "dhc", "denseformer": "denseformer", 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_round_trip_identical(built, variant):
     """HF_A -> Megatron checkpoint C -> HF_C gives the same tensors, bit for bit."""
-    from safetensors.torch import load_file
-
     a = load_file(os.path.join(built["root"], variant, "HF_A", "model.safetensors"))
     c = load_file(os.path.join(built["root"], variant, "HF_C", "model.safetensors"))
     assert sorted(a) == sorted(c)
@@ -227,8 +226,6 @@ def test_generation_with_and_without_cache(built, variant):
 
 
 def test_tokenizer_and_generation_config(built):
-    from transformers import AutoTokenizer, GenerationConfig
-
     folder = os.path.join(built["root"], "satformer", "HF_A")
     tok = AutoTokenizer.from_pretrained(folder)
     assert tok("w1 w2")["input_ids"] == [3, 4] and tok.eos_token_id == 0
@@ -275,10 +272,6 @@ def test_export_refusals(built):
 def test_exported_gates_match_megatron(built):
     """Every SATFormer gate function: the exported modeling code computes what Megatron's does, and the
     export's check against the authors' definitions accepts it."""
-    from megatron_sat.conversion.export import check_gate_matches_authors
-    from megatron_sat.conversion.mapping import ModelSpec
-    from megatron_sat.model.config import GATES, gate_function
-
     exported = sys.modules[type(hf_model(os.path.join(built["root"], "satformer", "HF_A"))).__module__]
     x = torch.randn(7, 5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for gate in GATES:
@@ -290,8 +283,6 @@ def test_exported_gates_match_megatron(built):
 
 def test_import_refusals(built, tmp_path):
     """Refused before any model is built: wrong arch, missing shards, shape mismatches, shape flags."""
-    from megatron_sat.conversion import ConversionError, import_hf
-
     root = built["root"]
     quiet = lambda *a, **k: None  # noqa: E731
 
@@ -337,8 +328,6 @@ def test_cli(built, tmp_path):
 def test_resformer_lambdas_as_the_authors():
     """lambda1 = scale * softmax over all N - 1 layers after the first, with last-k too: the logits and the scale
     map one to one (the non-mixing layers' logits stay in the softmax); a fixed ResFormer exports lambda1 = 0.5."""
-    from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_shapes, megatron_to_hf
-
     kw = dict(arch="resformer", num_layers=5, hidden_size=16, num_attention_heads=2, num_query_groups=1,
               ffn_hidden_size=32, kv_channels=8, vocab_size=11, max_position_embeddings=8, value_residual_last_k=2)
     spec = ModelSpec(**kw)

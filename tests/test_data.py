@@ -1,16 +1,21 @@
 """Tests of megatron_sat.data and tools/preprocess_data.py (CPU, single process, ~30 s)."""
 
+import gzip
 import json
 import os
+import runpy
 import subprocess
 import sys
 
 import numpy
 import pytest
 import torch
+import train_cli
 
 pytest.importorskip("transformers", reason="needs the hf extra (transformers, tokenizers)")
 pytest.importorskip("tokenizers", reason="needs the hf extra (transformers, tokenizers)")
+
+from transformers import AutoTokenizer  # noqa: E402
 
 from megatron_sat.data import (  # noqa: E402
     DistributedBatchSampler,
@@ -25,6 +30,7 @@ from megatron_sat.data import (  # noqa: E402
     train_bpe_tokenizer,
     write_default_corpus,
 )
+from megatron_sat.training.arguments import parse_args  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,8 +76,6 @@ def corpus_prefix(workdir, tokenizer):
 
 
 def test_tokenizer_folder_loads_with_transformers(workdir, tokenizer):
-    from transformers import AutoTokenizer
-
     hf = AutoTokenizer.from_pretrained(str(workdir / "tokenizer"))
     assert len(hf) == tokenizer.vocab_size == 1024
     assert tokenizer.eod == hf.eos_token_id
@@ -315,6 +319,7 @@ def _same(prefix_a, prefix_b):
 
 
 def _write_parquet(path, texts, column="text", row_group_size=7):
+    # pyarrow and zstandard: optional (hf extra); the tests that need them importorskip them
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -326,11 +331,9 @@ def _write_parquet(path, texts, column="text", row_group_size=7):
 def _write_compressed(path, texts, key="text"):
     data = "".join(json.dumps({key: t}) + "\n" for t in texts).encode()
     if str(path).endswith(".gz"):
-        import gzip
-
         data = gzip.compress(data)
     else:
-        import zstandard
+        import zstandard  # optional, see _write_parquet
 
         data = zstandard.ZstdCompressor().compress(data)
     path.write_bytes(data)
@@ -425,7 +428,7 @@ def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
     utf8 = tmp_path / "utf8.jsonl"
     utf8.write_bytes(b'{"text": "fine"}\n\n{"text": "bad \xff byte"}\n{"text": "ok"}\n')
     pq_bin = tmp_path / "bin.parquet"
-    import pyarrow as pa
+    import pyarrow as pa  # optional, see _write_parquet
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": pa.array([b"ok", b"bad \xfe", b"ok too"], pa.binary())}), str(pq_bin))
@@ -465,8 +468,6 @@ def test_bad_inputs_name_the_file_and_exit_2(tmp_path, tokenizer):
 def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, capsys):
     """--train-data-path / --valid-data-path (Megatron-LM's names) instead of --data-path + --split: the run trains
     on one dataset, validates on the other, and config.json records both."""
-    import train_cli
-
     tiny_model = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
                   "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "3",
                   "--eval-interval", "3", "--eval-iters", "1", "--log-interval", "1", "--no-progress-bar",
@@ -485,8 +486,6 @@ def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, c
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and any("val_loss" in r for r in rows)
     # a validation path without a training path, or both kinds of data path: refused by the argument checks (the
     # trainer prints them and exits 2 before anything is written)
-    from megatron_sat.training.arguments import parse_args
-
     for extra, message in ((["--valid-data-path", valid], "--valid-data-path / --test-data-path need --train-data-path"),
                            (["--data-path", valid, "--train-data-path", valid], "give exactly one data source"),
                            (["--train-data-path", valid + "_nope"], "--train-data-path: no indexed dataset")):
@@ -499,8 +498,6 @@ def test_split_paths_in_a_short_training_run(workdir, corpus_prefix, tmp_path, c
 @pytest.mark.slow  # the preprocessing benchmark tool
 def test_benchmark_tool_without_megatron_lm(workdir, tokenizer, tmp_path, capsys):
     """tools/benchmark_preprocess.py runs this project's side and says the comparison was skipped."""
-    import runpy
-
     bench = runpy.run_path(os.path.join(REPO, "tools", "benchmark_preprocess.py"), run_name="benchmark_preprocess")
     assert bench["main"](["--size-mb", "0.2", "--workers", "2", "--repeats", "1", "--tokenizer",
                           str(workdir / "tokenizer"), "--work-dir", str(tmp_path)]) == 0

@@ -28,8 +28,14 @@ import sys
 
 import pytest
 from train_cli import ROOT, env, metrics, train
+from transformers import PreTrainedTokenizerFast
 
 from megatron_sat.training.arguments import build_parser, parse_args
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "workers"))
+from conversion import write_tokenizer  # noqa: E402
+
+from tools.preprocess_data import main as preprocess_main  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real trainer runs, exports and lm-eval
 
@@ -45,9 +51,6 @@ MEGATRON_LM = [*MODEL, "--train-samples", "24", "--lr-warmup-fraction", "0.2", "
 
 def _tokenizer(folder: str) -> str:
     """A Hugging Face tokenizer folder: word level, <|endoftext|> (eos), <unk>, w0 ... w125."""
-    from conversion import write_tokenizer
-    from transformers import PreTrainedTokenizerFast
-
     write_tokenizer(os.path.join(folder + "_raw", "tokenizer.json"))
     tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder + "_raw", "tokenizer.json"),
                                   eos_token="<|endoftext|>", unk_token="<unk>")
@@ -57,9 +60,6 @@ def _tokenizer(folder: str) -> str:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    sys.path.insert(0, os.path.join(ROOT, "tests", "workers"))
-    from tools.preprocess_data import main as preprocess_main
-
     tmp = tmp_path_factory.mktemp("eco")
     rng = random.Random(0)
     corpus = tmp / "corpus.jsonl"

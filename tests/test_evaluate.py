@@ -22,11 +22,27 @@ import torch
 
 pytest.importorskip("lm_eval")
 
+from dist_utils import run_distributed  # noqa: E402
+from lm_eval.tasks._yaml_loader import load_yaml  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from megatron_sat.analysis.evaluation import (  # noqa: E402
+    BUNDLED_TASKS,
+    RETRIEVAL,
+    SUITES,
+    EvaluationError,
+    evaluate,
+    resolve_tasks,
+)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TASKS = os.path.join(HERE, "data", "eval")
 sys.path.insert(0, os.path.join(HERE, "workers"))
+sys.path.insert(0, REPO)
 from conversion import write_tiny_export  # noqa: E402
+
+from tools.evaluate import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +52,6 @@ def export(tmp_path_factory):
 
 def expected_accuracy(model_dir):
     """Multiple-choice accuracy from the model's own log-likelihoods (what lm-eval should compute)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True, dtype=torch.float32).eval()
     hits = []
@@ -74,8 +88,6 @@ def test_evaluate_cli_offline(export, tmp_path):
 
 
 def test_unknown_tasks_refused():
-    from megatron_sat.analysis.evaluation import RETRIEVAL, SUITES, EvaluationError, resolve_tasks
-
     assert RETRIEVAL == ["swde", "fda", "squad_completion", "based_triviaqa", "based_nq_2048", "based_drop"]
     assert set(SUITES) == {"retrieval", "zeroshot"}
     specs, _, skipped = resolve_tasks(RETRIEVAL, [], skip_missing=False)  # the based_* tasks are bundled
@@ -91,10 +103,6 @@ def test_unknown_tasks_refused():
 
 
 def _bundled(task):
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    from megatron_sat.analysis.evaluation import BUNDLED_TASKS
-
     return load_yaml(os.path.join(BUNDLED_TASKS, task + ".yaml"), resolve_func=True)
 
 
@@ -127,10 +135,6 @@ def test_based_recall_protocol():
 def test_based_recall_offline(export, tmp_path):
     """based_triviaqa on a local copy of its data (a YAML that includes the bundled one), scored by lm-eval and
     recomputed here from the model's own greedy generations."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from megatron_sat.analysis.evaluation import BUNDLED_TASKS, evaluate
-
     data = os.path.join(TASKS, "tiny_recall.jsonl")
     shutil.copy(data, tmp_path / "recall.jsonl")
     (tmp_path / "local_trivia.yaml").write_text(  # the README's example: data_files relative to the YAML
@@ -160,8 +164,6 @@ def test_checkpoint_backend(tmp_path):
     its loglikelihoods (batched, right-padded, one left-truncated), rolling loglikelihood and greedy generations
     equal direct unpadded forwards of the saved model; tools/evaluate.py --checkpoint and evaluate(checkpoint=)
     give finite scores, equal to lm-eval's HF backend on the export for the archs that have one."""
-    from dist_utils import run_distributed
-
     out = run_distributed(os.path.join(HERE, "workers", "lm_eval_backend.py") + ":check_all_archs", 1,
                           str(tmp_path), timeout=900)[0]
     assert out["registered"]
@@ -187,9 +189,6 @@ def test_checkpoint_backend(tmp_path):
 
 def test_checkpoint_cli_refusals(export, tmp_path, capsys):
     """--model and --checkpoint: exactly one; each refuses the other's kind of folder (exit 2, before any model)."""
-    sys.path.insert(0, REPO)
-    from tools.evaluate import main
-
     for argv, message in (
             (["--tasks", "x"], "one of the arguments --model --checkpoint is required"),
             (["--model", export, "--checkpoint", export, "--tasks", "x"], "not allowed with argument"),

@@ -23,6 +23,7 @@ torchrun chain at DP2: relative 1e-5, the DP all-reduce sums in another order).
   covers preprocessing itself)
 """
 
+import json
 import os
 import shutil
 import signal
@@ -32,7 +33,14 @@ import time
 
 import psutil
 import pytest
+import torch
+from safetensors.torch import save_file
 from train_cli import ROOT, env, iter_dirs, latest, metrics, rows, start, train, wait_for
+
+from megatron_sat.conversion.hf_io import read_hf_config, read_hf_weights
+from megatron_sat.conversion.mapping import ConversionError
+from megatron_sat.data import preprocess, train_bpe_tokenizer
+from megatron_sat.training.integrity import verify
 
 pytestmark = pytest.mark.slow  # fault suite: real trainer processes, signals and torchrun
 
@@ -276,8 +284,6 @@ def test_a_full_disk_fails_the_save_cleanly(runs, tmp_path):
         assert "the disk is full" in line and "iter_0000008" in line and "iter_0000004 is intact" in line, log
         assert sorted(os.listdir(mnt / "run")) == ["config.json", "iter_0000004", "latest_checkpointed_iteration.txt",
                                                    "metrics.jsonl"]
-        from megatron_sat.training.integrity import verify
-
         assert verify(str(mnt / "run" / "iter_0000004"), collective=False)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
@@ -296,14 +302,10 @@ def test_rng_state_round_trip(tmp_path):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from megatron_sat.data import preprocess, train_bpe_tokenizer
-
     d = tmp_path_factory.mktemp("faults-data")
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     text = d / "a.jsonl"
     other = d / "b.jsonl"
-    import json
-
     with open(text, "w") as f:
         for i in range(64):
             f.write(json.dumps({"text": " ".join(words[(i + j) % 12] for j in range(3))}) + "\n")
@@ -378,12 +380,6 @@ def test_conversion_never_writes_over_its_input(runs, tmp_path):
 
 
 def test_damaged_hf_files_are_named(tmp_path):
-    import torch
-    from safetensors.torch import save_file
-
-    from megatron_sat.conversion.hf_io import read_hf_config, read_hf_weights
-    from megatron_sat.conversion.mapping import ConversionError
-
     (tmp_path / "config.json").write_text('{"model_type": "satformer", ')
     with pytest.raises(ConversionError, match=r"config.json is not valid JSON"):
         read_hf_config(str(tmp_path))

@@ -29,7 +29,16 @@ import sys
 import time
 
 import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
 from train_cli import ROOT, env, metrics, start, train, wait_for
+
+from megatron_sat.analysis.grid import read_metrics, record_sweep, sweep_records
+from megatron_sat.conversion.mapping import ConversionError
+from megatron_sat.conversion.megatron_io import find_checkpoint
+from megatron_sat.training import records, run_lock
+from megatron_sat.training.integrity import verify
+from megatron_sat.training.run_lock import NotWritable, RunLock
 
 pytestmark = pytest.mark.slow  # fault suite: real trainer and tool processes
 
@@ -54,8 +63,6 @@ def _errors(log):
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     tmp = tmp_path_factory.mktemp("faults-files")
     vocab = {"<|endoftext|>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(126)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -129,9 +136,6 @@ def test_torn_records_and_a_dead_jobs_lock_do_not_stop_the_resume(ref, tmp_path)
 
 
 def test_torn_lines_and_sweep_records_in_process(tmp_path, capsys):
-    from megatron_sat.analysis.grid import read_metrics, record_sweep, sweep_records
-    from megatron_sat.training import records
-
     good, bad = records.parse_lines('{"step": 1}\n{"step": 2, "lo\n\n{"step": 3}\n\0\0\0')
     assert [r["step"] for _, r in good] == [1, 3] and [n for n, _ in bad] == [2, 5]
     path = tmp_path / "m.jsonl"
@@ -180,8 +184,6 @@ def test_a_second_trainer_on_a_folder_is_refused_and_the_first_unharmed(ref, tmp
 
 
 def test_lock_heartbeat_and_slurm_restarts_in_process(tmp_path, monkeypatch):
-    from megatron_sat.training import run_lock
-
     folder = tmp_path / "run"
     folder.mkdir()
     lock_path = folder / run_lock.LOCK
@@ -232,8 +234,6 @@ def _tool_main(tool, argv, capsys):
 
 
 def _dist_initialized():
-    import torch
-
     return torch.distributed.is_initialized()
 
 
@@ -260,8 +260,6 @@ def test_corrupt_shard_refused_by_every_reader_unless_told(ref, tmp_path, capsys
     imported = tmp_path / "imported"
     _tool("tools/convert_from_hf.py", "--hf", tmp_path / "hf_unchecked", "--save", imported, "--lr", "3e-3",
           "--min-lr", "3e-4", "--train-iters", "8", expect=0)
-    from megatron_sat.training.integrity import verify
-
     assert verify(str(imported / "iter_0000000"), collective=False)
     assert not (imported / ".run.lock").exists()
 
@@ -275,9 +273,6 @@ def test_an_unfinished_checkpoint_is_never_offered_nor_read(ref, tmp_path, capsy
     lines = _errors(err)
     assert code == 2 and len(lines) == 1 and "iter_0000008.tmp is an unfinished checkpoint" in lines[0], err
     assert f"pass {run} or {run / 'iter_0000004'}" in lines[0] and not (tmp_path / "hf").exists()
-    from megatron_sat.conversion.mapping import ConversionError
-    from megatron_sat.conversion.megatron_io import find_checkpoint
-
     with pytest.raises(ConversionError) as e:
         find_checkpoint(str(run))
     assert "its complete checkpoints: iter_0000004" in str(e.value) and ".tmp" not in str(e.value)
@@ -308,8 +303,6 @@ def test_a_read_only_run_folder_is_refused_before_anything_is_built(ref, tmp_pat
         assert f"--save {run} is not writable" in log and "Traceback" not in log, log[-3000:]
         log = train(*ref["base"], "--save", run / "sub" / "new", expect=2)
         assert f"--save {run / 'sub' / 'new'} is not writable ({run} cannot be written" in log
-        from megatron_sat.training.run_lock import NotWritable, RunLock
-
         with pytest.raises(NotWritable, match=r"is not writable \(not permitted"):  # the lock's own check
             RunLock(str(run)).acquire()
     finally:

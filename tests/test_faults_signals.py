@@ -27,9 +27,15 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from train_cli import ROOT, env, free_port, latest, metrics, rows, start, train, wait_for
+
+from megatron_sat.data import preprocess, train_bpe_tokenizer
+from megatron_sat.data.checks import check_dataset, split_errors
+from megatron_sat.data.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow  # fault suite: real trainer processes under signals
 
@@ -182,11 +188,6 @@ def test_an_import_resumes_under_a_recipe_with_other_lr_values(runs, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def test_data_edge_cases_are_one_line_and_exit_2(tmp_path):
-    import numpy as np
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    from megatron_sat.data import preprocess, train_bpe_tokenizer
-
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     with open(tmp_path / "a.jsonl", "w") as f:
         for i in range(64):
@@ -208,9 +209,6 @@ def test_data_edge_cases_are_one_line_and_exit_2(tmp_path):
         assert "error:" in log and message in log, log[-3000:]
         assert "Traceback" not in log and "AttributeError" not in log and not (tmp_path / "run").exists()
     # the same dataset of one long document gives every split it is asked for a document under 100,0,0
-    from megatron_sat.data.checks import check_dataset, split_errors
-    from megatron_sat.data.tokenizer import load_tokenizer
-
     found = check_dataset(str(long_doc), load_tokenizer(str(tmp_path / "tok")))
     assert found["documents"] == 1 and found["tokens"] > 1000
     assert split_errors(str(long_doc), 1, [100, 0, 0], (1, 16, 0)) == []

@@ -16,6 +16,9 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from megatron_sat.analysis.gate_report import analyze, is_function_token, make_sequences
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -37,8 +40,6 @@ def setup(tmp_path_factory):
 
 
 def _model(path, **config_changes):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     config = AutoConfig.from_pretrained(path, trust_remote_code=True)
     for k, v in config_changes.items():
         setattr(config, k, v)
@@ -57,10 +58,6 @@ def _loss(model, ids):
 
 
 def test_report_agrees_with_recomputation(setup):
-    from transformers import AutoTokenizer
-
-    from megatron_sat.analysis.gate_report import analyze, make_sequences
-
     report = analyze(setup["sat"], setup["docs"], seq_length=16, max_sequences=8, batch_size=3, min_count=1,
                      log=lambda *a: None)
     ids = make_sequences(setup["docs"], AutoTokenizer.from_pretrained(setup["sat"]), 16, 8)  # [8, 16]
@@ -113,8 +110,6 @@ def test_report_agrees_with_recomputation(setup):
 
 
 def test_function_tokens():
-    from megatron_sat.analysis.gate_report import is_function_token
-
     assert all(is_function_token(t) for t in ("\u0120the", "\u2581of", " and", ",", ".\n"))
     assert not any(is_function_token(t) for t in ("\u0120cat", "ing", " 42", "Paris"))
 

@@ -10,6 +10,11 @@ step benchmark.
 import pytest
 import torch
 from dist_utils import init_megatron, run_distributed
+from train_cli import metrics, train
+
+from megatron_sat.model.config import make_config
+from megatron_sat.model.gpt import build_model
+from megatron_sat.model.specs import HAVE_TE
 
 pytestmark = pytest.mark.gpu
 ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
@@ -30,10 +35,6 @@ def _te_names(name: str, arch: str) -> str:
 
 
 def _worker():
-    from megatron_sat.model.config import make_config
-    from megatron_sat.model.gpt import build_model
-    from megatron_sat.model.specs import HAVE_TE
-
     init_megatron()
     out = {"have_te": HAVE_TE}
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
@@ -106,8 +107,6 @@ def test_distributed_optimizer_resumes_on_gpu(tmp_path):
     -> the uninterrupted run's losses (fp32; relative 1e-4 leaves room for GPU kernel nondeterminism)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from test_train_run import metrics, train
-
     run = ["--recipe", "debug_satformer", "--use-distributed-optimizer", "--no-bf16", "--train-iters", "6",
            "--log-interval", "1", "--no-progress-bar"]
     train(*run, "--save", str(tmp_path / "straight"))

@@ -27,6 +27,11 @@ import zipfile
 
 import pytest
 import test_slurm_multinode
+from megatron_sat_tools import collect_grid
+
+from megatron_sat.analysis import grid
+from megatron_sat.data.corpus import default_corpus_documents
+from megatron_sat.data.tokenizer import train_bpe_tokenizer
 
 pytestmark = pytest.mark.slow  # builds and installs the wheel; the README walkthrough on a local Slurm
 
@@ -166,9 +171,6 @@ def walkthrough_block() -> str:
 
 
 def test_readme_cluster_walkthrough_as_written(cluster, wheel_venv, tmp_path):
-    from megatron_sat.data.corpus import default_corpus_documents
-    from megatron_sat.data.tokenizer import train_bpe_tokenizer
-
     work = tmp_path / "work"
     inputs = tmp_path / "inputs"
     work.mkdir()
@@ -211,8 +213,6 @@ def test_readme_cluster_walkthrough_as_written(cluster, wheel_venv, tmp_path):
 
 def test_install_and_sweep_tools_refuse_bad_input(tmp_path, capsys):
     """One line, exit 2: install.sh without torch, a missing site file, --wait without a sweep or its record."""
-    from megatron_sat_tools import collect_grid
-
     env = _clean_env(PYTHON="/usr/bin/python3.11" if os.path.exists("/usr/bin/python3.11") else "python3")
     proc = _run(["bash", os.path.join(ROOT, "docker", "install.sh")], str(tmp_path), env, ok=False)
     assert proc.returncode == 2 and "install torch first" in proc.stderr, proc.stderr
@@ -229,10 +229,6 @@ def test_install_and_sweep_tools_refuse_bad_input(tmp_path, capsys):
 def test_status_of_a_sweep_whose_jobs_have_not_started(tmp_path, capsys):
     """Right after submit_grid --submit there is a sweep record and no run folder: --status lists the entries,
     --out says that nothing has started (exit 2)."""
-    from megatron_sat_tools import collect_grid
-
-    from megatron_sat.analysis import grid
-
     runs = tmp_path / "runs"
     (runs / "_grid").mkdir(parents=True)
     entries = [dict(recipe=f"{a}_ladder1", arch=a, scale="ladder1", seed=1, run=f"{a}_ladder1_x") for a in

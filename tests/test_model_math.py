@@ -32,7 +32,17 @@ import math
 import pytest
 import torch
 from dist_utils import init_megatron, run_distributed
+from megatron.core import tensor_parallel
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
 from reference_formulas import GATES, reference_logits
+
+from megatron_sat.archs import ffn_size
+from megatron_sat.model.config import make_config
+from megatron_sat.model.core_attention import SDPAttention
+from megatron_sat.model.fused_gate import unfused_weights
+from megatron_sat.model.gpt import build_model
+from megatron_sat.model.sizes import count_parameters
 
 VOCAB, SEQ, BATCH, SEED = 97, 12, 2, 7
 LOGIT_RTOL, GRAD_RTOL = 1e-10, 1e-10
@@ -64,8 +74,6 @@ def _rel(got, want):
 
 def _gradient_errors(model, tokens, pos, cfg, g):
     """Relative max gradient error of every parameter for L = sum(logits * R), R random; and logits."""
-    from megatron_sat.model.fused_gate import unfused_weights
-
     weights = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     got = model(tokens, pos, None)  # [b, s, V]
@@ -160,13 +168,6 @@ def _init_differences(name, cfg, params, transformer):
 
 
 def _worker():
-    from megatron.core import tensor_parallel
-
-    from megatron_sat.model.config import make_config
-    from megatron_sat.model.fused_gate import unfused_weights
-    from megatron_sat.model.gpt import build_model
-    from megatron_sat.model.sizes import count_parameters
-
     init_megatron()
     results, transformer_init = {}, None
     for name, variant in VARIANTS.items():
@@ -209,12 +210,6 @@ def _worker():
 def _core_attention_errors():
     """SDPAttention (the local default) against Megatron's DotProductAttention on the same q, k, v with GQA:
     causal and with an explicit mask (causal + padded keys), outputs and q/k/v gradients, float32 and bf16."""
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-    from megatron.core.transformer.enums import AttnMaskType
-
-    from megatron_sat.model.config import make_config
-    from megatron_sat.model.core_attention import SDPAttention
-
     g = torch.Generator().manual_seed(SEED)
     heads, groups = SIZES["num_attention_heads"], SIZES["num_query_groups"]
     hn = SIZES["hidden_size"] // heads
@@ -285,9 +280,6 @@ def test_parameter_count_formula(errors, variant):
 def test_muddformer_ffn_widths_as_the_authors():
     """param_realloc widths: the authors' formula (models/muddformer), multiples of 256 and at least 256 at every
     size, debug sizes below an FFN of 1024 included."""
-    from megatron_sat.archs import ffn_size
-    from megatron_sat.model.config import make_config
-
     def authors(base, L, i):  # their MUDDFormerBlock, 1-based layer i
         scale = (0.5 * (L - i) + 1.5 * (i - 1)) / (L - 1)
         return max(256, (int(round(scale * base)) + 127) // 256 * 256)

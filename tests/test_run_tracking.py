@@ -12,14 +12,19 @@ preempted twice as Slurm does it (SIGUSR1 to the process group after a save: it 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
 import train_cli
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_cli import ROOT, latest, rows, start, wait_for
 from wandb_records import offline_runs
+
+from megatron_sat.training.arguments import parse_args
+from megatron_sat.training.monitor import Monitor
 
 pytestmark = pytest.mark.slow  # real trainer runs, preempted and resumed
 
@@ -84,8 +89,6 @@ def test_preempted_twice_is_one_wandb_run_with_every_step_once(run):
 
 
 def test_tensorboard_has_every_scalar_once_per_step(run):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     assert len([f for f in os.listdir(run["tb"]) if f.startswith("events.out.tfevents.")]) == 3
     acc = EventAccumulator(run["tb"], size_guidance={"scalars": 0})  # 0: keep every event
     acc.Reload()
@@ -106,10 +109,6 @@ def test_tensorboard_has_every_scalar_once_per_step(run):
 def test_purged_steps_and_a_new_start(run, tmp_path):
     """A resume from an older checkpoint (steps after it logged once already): TensorBoard drops the old ones
     (purge_step), wandb does not log them twice; a start without checkpoint gets a new wandb id."""
-    import shutil
-
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     folder, tb = tmp_path / "run", tmp_path / "tb"
     shutil.copytree(run["folder"], folder, ignore=shutil.ignore_patterns("wandb"))
     shutil.copytree(run["tb"], tb)
@@ -131,9 +130,6 @@ def test_purged_steps_and_a_new_start(run, tmp_path):
     assert wall[16] == pytest.approx(new[16], rel=1e-6)  # the resumed value, not the purged one
 
     # a start without a checkpoint to resume (the run died before its first save) is a new wandb run
-    from megatron_sat.training.arguments import parse_args
-    from megatron_sat.training.monitor import Monitor
-
     args = parse_args([*FLAGS, "--wandb-mode", "disabled", "--save", str(tmp_path / "fresh")])
     ids = []
     for _ in range(2):

@@ -16,7 +16,7 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def records(path: str):
-    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.proto import wandb_internal_pb2 as pb  # wandb: optional (the train extra), seconds to import
 
     with open(path, "rb") as f:
         data = f.read()

@@ -16,10 +16,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_sat.outputs import check_output  # no torch
+
 
 def main(argv=None) -> int:
-    import torch
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="SATFormer HF folder (tools/convert_to_hf.py --output)")
     p.add_argument("--data", action="append", default=[],
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-length", type=int, default=None, help="tokens per sequence (default: min(1024, model's))")
     p.add_argument("--max-sequences", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda when there is a GPU, else cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--no-ablations", dest="ablations", action="store_false",
                    help="skip the two extra passes with the gates set to 0 and to their means")
@@ -40,16 +40,19 @@ def main(argv=None) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    from megatron_sat.outputs import check_output
-
     try:
         for flag, path in [("--model", args.model)] + [("--data", d) for d in args.data]:
             check_output("--output", args.output, {flag: path})
     except ValueError as e:
         p.error(str(e))
 
+    # torch and transformers only now that the arguments are good: --help and bad input answer at once
+    import torch
+
     from megatron_sat.analysis.gate_report import GateReportError, analyze, read_documents, to_markdown, write_report
 
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         documents = read_documents(args.data, args.text_key) if args.data else None
         report = analyze(args.model, documents, seq_length=args.seq_length, max_sequences=args.max_sequences,

@@ -24,9 +24,6 @@ import warnings
 warnings.filterwarnings("ignore", module="megatron")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch
-
-from megatron_sat import compat
 from megatron_sat.archs import ARCH_VARIANTS, ARCHS, arch_label_errors
 from megatron_sat.model.sizes import PAPER_SCALES
 
@@ -58,16 +55,18 @@ def main():
         p.error(error)
     if "transformer" not in args.archs:
         p.error("--archs must include transformer (the baseline of the ratios)")
-    if args.fp8_format:
-        from megatron_sat.model.specs import te_available
+    # torch and megatron-core only now that the arguments are good: --help and bad input answer at once
+    import torch
 
-        if not (te_available() and args.bf16 and args.backend != "local"):
-            p.error("--fp8-format needs Transformer Engine on a GPU (backend te) and --bf16")
-    compat.ensure_cpu_compat()
+    from megatron_sat import compat
+    from megatron_sat.model.specs import te_available
     from megatron_sat.parallel.layout import Layout, initialize
     from megatron_sat.parallel.process_group import init_from_env
     from megatron_sat.profiling import step_benchmark
 
+    if args.fp8_format and not (te_available() and args.bf16 and args.backend != "local"):
+        p.error("--fp8-format needs Transformer Engine on a GPU (backend te) and --bf16")
+    compat.ensure_cpu_compat()
     init_from_env(single_only=True)
     initialize(Layout())
     sizes = dict(PAPER_SCALES[args.scale]) if args.scale else dict(

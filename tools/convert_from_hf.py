@@ -15,6 +15,7 @@ Exit codes: 0 done, 2 bad input.
 """
 
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -31,9 +32,8 @@ def main(argv=None) -> int:
     args, trainer_argv = p.parse_known_args(argv)
     if not os.environ.get("MEGATRON_SAT_VERBOSE"):
         warnings.filterwarnings("ignore")
-        import logging
-
         logging.getLogger("megatron").setLevel(logging.ERROR)
+    # torch and megatron-core after the arguments (--help and bad input answer at once) and the warning filter
     from megatron_sat.conversion import ConversionError, import_hf
 
     try:

@@ -16,6 +16,7 @@ The folder is written aside and moved into place when complete. Exit codes: 0 do
 """
 
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -39,9 +40,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not os.environ.get("MEGATRON_SAT_VERBOSE"):
         warnings.filterwarnings("ignore")
-        import logging
-
         logging.getLogger("megatron").setLevel(logging.ERROR)
+    # torch and megatron-core after the arguments (--help and bad input answer at once) and the warning filter
     from megatron_sat.conversion import ConversionError, export_checkpoint
 
     try:

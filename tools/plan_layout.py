@@ -26,7 +26,8 @@ warnings.filterwarnings("ignore")  # megatron-core's import-time notes about abs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_sat.training.arguments import arch_flag_errors
-from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, load_recipes, plan_recipe, resolve_args
+from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, plan_recipe, resolve_args
+from recipes.paper import GRID  # importing the recipes package registers every recipe
 
 # what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
 BASELINE_MEMORY_NOTES = {
@@ -60,9 +61,6 @@ def main(argv=None) -> int:
     args, overrides = parser.parse_known_args(argv)
     if not args.all and not args.recipe:
         parser.error("give --recipe NAME or --all")
-    load_recipes()
-    from recipes.paper import GRID
-
     names = GRID if args.all else [args.recipe]
     bad = 0
     for name in names:

@@ -47,7 +47,10 @@ class EvaluationError(RuntimeError):
 
 def local_task_configs(include_paths: Sequence[str]) -> Dict[str, dict]:
     """{task name: config} of the task YAMLs in include_paths, relative data_files made absolute."""
-    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's loader (its own CLI uses it); pinned 0.4.13
+    # lm-eval's loader (its own CLI uses it; pinned 0.4.13). lm-eval is imported in the functions of this module:
+    # an optional dependency (eval extra), seconds to import, while evaluate's --help and the grid's tables read
+    # the constants above without it
+    from lm_eval.tasks._yaml_loader import load_yaml
 
     configs = {}
     for folder in include_paths:
@@ -77,7 +80,7 @@ def local_task_configs(include_paths: Sequence[str]) -> Dict[str, dict]:
 def task_manager(include_paths: tuple, defaults: bool = True):
     """lm-eval's TaskManager (indexing lm-eval's own task YAMLs takes 5-20 s: built once per include paths, and
     only when a task is not in `include_paths`)."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # optional, slow (see local_task_configs)
 
     return TaskManager(include_path=list(include_paths) or None, include_defaults=defaults)
 
@@ -88,7 +91,7 @@ def task_files(tasks: Sequence[str], include_paths: Sequence[str]):
     names, paths = [], list(include_paths)
     for task in tasks:
         if task.endswith((".yaml", ".yml")) and os.path.isfile(task):
-            from lm_eval.tasks._yaml_loader import load_yaml
+            from lm_eval.tasks._yaml_loader import load_yaml  # optional, slow (see local_task_configs)
 
             try:
                 name = load_yaml(task, resolve_func=False).get("task")
@@ -139,6 +142,7 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
     seed: one int for lm-eval's four seeds (python, numpy, torch, few-shot) or four (None leaves one unset).
     output_path: lm-eval's output layout there (EvaluationTracker), with per-task samples when log_samples.
     Returns {'results', 'table', 'averages', 'skipped', ...}, None on other ranks."""
+    # optional, slow (see local_task_configs)
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
@@ -151,7 +155,9 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
     if not specs:
         raise EvaluationError("no task left to run")
     if checkpoint is not None:
-        from megatron_sat.analysis import lm_eval_backend  # registers "megatron_sat" with lm-eval
+        # registers "megatron_sat" with lm-eval on import, and imports lm-eval and torch (as mapping does torch):
+        # only for a checkpoint
+        from megatron_sat.analysis import lm_eval_backend
         from megatron_sat.conversion.mapping import ConversionError
 
         try:
@@ -192,7 +198,7 @@ def _save_lm_eval_layout(tracker, out: dict, samples: Optional[dict], source: st
     """lm-eval's files, written by its EvaluationTracker as its CLI does (results_<time>.json, samples_<task>_
     <time>.jsonl) under the model's sanitized name (a Megatron checkpoint is named by its path, not by lm-eval's
     random name for a model object)."""
-    from lm_eval.utils import sanitize_model_name
+    from lm_eval.utils import sanitize_model_name  # optional, slow (see local_task_configs)
 
     general = tracker.general_config_tracker
     if general.model_source == "CUSTOM":

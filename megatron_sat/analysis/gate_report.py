@@ -29,6 +29,11 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from megatron_sat.data.corpus import default_corpus_documents
+from megatron_sat.data.encode import iter_documents
+from megatron_sat.data.readers import expand_inputs
 
 # Function words (English): a token counts as one when, stripped of its tokenizer's space marker
 # and lowercased, it is one of these or has no letter or digit (punctuation, whitespace).
@@ -47,8 +52,6 @@ class GateReportError(ValueError):
 
 def load_export(model_dir: str, device: str = "cpu", dtype: str = "float32"):
     """(model, tokenizer, mixing modules by 0-based layer, the export's gate function)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise GateReportError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=True)
@@ -72,16 +75,11 @@ def load_export(model_dir: str, device: str = "cpu", dtype: str = "float32"):
 
 def default_documents(fraction: float = 0.05) -> List[str]:
     """The held-out tail of the embedded corpus (the part the demo run validates on)."""
-    from megatron_sat.data.corpus import default_corpus_documents
-
     docs = [text for _, text in default_corpus_documents()]
     return docs[-max(1, int(len(docs) * fraction)):]
 
 
 def read_documents(paths: Sequence[str], text_key: str = "text") -> List[str]:
-    from megatron_sat.data.encode import iter_documents
-    from megatron_sat.data.readers import expand_inputs
-
     try:
         return [doc for path in expand_inputs(paths) for doc in iter_documents(path, json_key=text_key)]
     except (OSError, ValueError) as e:
@@ -251,10 +249,11 @@ def write_report(report: dict, output: str) -> List[str]:
 
 
 def _heatmap(report: dict, path: str) -> None:
+    # matplotlib: optional (eval extra), and its Agg backend is chosen here, not for every importer of this module
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use
 
     layers = report["mixing_layers"]
     heads = 1 + max(r["head"] for r in report["per_head"])

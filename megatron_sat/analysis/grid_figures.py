@@ -14,21 +14,24 @@ from typing import Dict, List
 
 import numpy as np
 
+from megatron_sat.analysis.scaling import predict
+
 COLORS = {"transformer": "#4C72B0", "resformer": "#DD8452", "satformer": "#C44E52", "denseformer": "#55A868",
           "muddformer": "#8172B3", "hyperconnections": "#937860"}
 
 
 def _plt():
+    # matplotlib: optional (eval extra), and its Agg backend is chosen when a figure is drawn, not on import
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use
 
     return plt
 
 
 def _null_formatter():
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import NullFormatter  # optional (eval extra), as in _plt
 
     return NullFormatter()
 
@@ -43,8 +46,6 @@ def _color(arch):
 
 
 def scaling_figure(path: str, rows: List[dict], summary: dict, title: str = "") -> None:
-    from megatron_sat.analysis.scaling import predict
-
     plt = _plt()
     used = _used(rows, summary)
     which = "non-embedding parameters" if summary["fit_params"] == "non_embedding_params" else "parameters"

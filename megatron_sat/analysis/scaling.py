@@ -50,7 +50,7 @@ def _initial_guess(u: np.ndarray, y: np.ndarray):
 
 def fit_power_law(x: Sequence[float], y: Sequence[float]) -> dict:
     """{E, A, alpha, x0, rmse, n}: L = E + A * x^-alpha fitted to the points (x, y); FitError below 3 distinct x."""
-    from scipy.optimize import curve_fit
+    from scipy.optimize import curve_fit  # optional (eval extra), slow to import: only when a fit is made
 
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(set(x.tolist())) < 3:

@@ -18,22 +18,24 @@ import logging
 import random
 from typing import Dict, Tuple
 
+import lm_eval
 import numpy as np
 import torch
+from megatron.core.utils import get_attr_wrapped_model
+
+from megatron_sat.analysis.evaluation import resolve_tasks, results_table
+from megatron_sat.analysis.lm_eval_backend import MegatronLM
+from megatron_sat.data.tokenizer import load_tokenizer
 
 
 class TaskRunner:
     """run(iteration) -> ({'task/metric': value}, {task: error}) on the trainer's model chunks."""
 
     def __init__(self, args, chunks, tokenizer, log=print):
-        from megatron_sat.analysis.lm_eval_backend import MegatronLM
-
         if len(chunks) != 1:
             raise ValueError("--eval-tasks needs one model chunk per rank (no virtual pipeline stages)")
         hf = getattr(tokenizer, "hf", None)
         if hf is None:  # mock data: the tokenizer the tasks are read with (the argument checks ask for it)
-            from megatron_sat.data import load_tokenizer
-
             hf = load_tokenizer(args.tokenizer_model).hf
         self.tasks = [t.strip() for t in args.eval_tasks.split(",") if t.strip()]
         self.include_paths = list(args.eval_tasks_include_path or [])
@@ -48,18 +50,12 @@ class TaskRunner:
 
     @staticmethod
     def _vocab_size(model):
-        from megatron.core.utils import get_attr_wrapped_model  # through DDP / Float16Module wrappers
-
         try:
-            return get_attr_wrapped_model(model, "vocab_size")
+            return get_attr_wrapped_model(model, "vocab_size")  # through DDP / Float16Module wrappers
         except RuntimeError:
             return None
 
     def __call__(self, iteration: int) -> Tuple[Dict[str, float], Dict[str, str]]:
-        import lm_eval
-
-        from megatron_sat.analysis.evaluation import resolve_tasks, results_table
-
         scores, failures = {}, {}
         states = _random_states()
         try:

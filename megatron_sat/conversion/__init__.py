@@ -20,12 +20,15 @@ __all__ = ["ConversionError", "ModelSpec", "export_checkpoint", "import_hf"]
 
 
 def export_checkpoint(*args, **kwargs):
+    # imported on call: export imports this package (a circle), and importing mapping (torch only) through this
+    # package must not pull megatron-core and transformers
     from megatron_sat.conversion.export import export_checkpoint as run
 
     return run(*args, **kwargs)
 
 
 def import_hf(*args, **kwargs):
+    # imported on call, as export_checkpoint above
     from megatron_sat.conversion.importer import import_hf as run
 
     return run(*args, **kwargs)

@@ -17,10 +17,14 @@ import os
 from typing import Optional
 
 import torch
+from megatron.core import dist_checkpointing
+from transformers import AutoModelForCausalLM
 
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import ConversionError, ModelSpec, hf_config, megatron_to_hf
 from megatron_sat.conversion.model_card import model_card
+from megatron_sat.data.tokenizer import load_tokenizer as load
+from megatron_sat.model.config import gate_function
 from megatron_sat.outputs import check_output
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,8 +34,6 @@ def check_gate_matches_authors(spec: ModelSpec) -> None:
     """Refuse a SATFormer gate whose Megatron definition differs from the authors' (and so from the export's)."""
     if spec.arch != "satformer":
         return
-    from megatron_sat.model.config import gate_function
-
     x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     n = x.shape[-1]
     authors = {"relu": torch.relu(x), "sigmoid": torch.sigmoid(x), "tanh": torch.tanh(x), "identity": x,
@@ -47,8 +49,6 @@ def load_tokenizer(source: Optional[str], max_length: int):
     """The HF tokenizer object of a recorded tokenizer path, ready to save (or None)."""
     if source is None:
         return None
-    from megatron_sat.data import load_tokenizer as load
-
     tok = load(source).hf
     tok.model_max_length = max_length
     return tok
@@ -111,8 +111,6 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
 
 def _common(iter_dir: str) -> dict:
     """The checkpoint's common state (layout, iteration, consumed samples, ...)."""
-    from megatron.core import dist_checkpointing
-
     return dist_checkpointing.load_common_state_dict(iter_dir)
 
 
@@ -126,8 +124,6 @@ def _relative(path: Optional[str], output: str) -> Optional[str]:
 
 def verify_export(model, hf_dir: str, spec: ModelSpec, seq: int = 16, batch: int = 2) -> float:
     """Relative max difference of the logits of the Megatron model and the export, in float32."""
-    from transformers import AutoModelForCausalLM
-
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True, dtype=torch.float32).eval()
     if next(model.parameters()).dtype != torch.float32:  # compare in float32, on the same (rounded) weights
         weights = {k: v.float() for k, v in megatron_io.full_state(model).items()}

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import GenerationConfig
 
 from megatron_sat.archs import VALUE_RESIDUAL
 from megatron_sat.conversion.mapping import HF_CLASSES, ConversionError, ModelSpec
@@ -36,8 +39,6 @@ def read_hf_config(hf_dir: str) -> dict:
 
 def read_hf_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
     """All tensors of model.safetensors or of the shards named by model.safetensors.index.json."""
-    from safetensors import safe_open
-
     root = Path(hf_dir)
     if (root / INDEX).is_file():
         with open(root / INDEX) as f:
@@ -70,8 +71,6 @@ def read_hf_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
 
 def save_safetensors(state: Dict[str, torch.Tensor], folder: Path, max_shard_bytes: int) -> None:
     """model.safetensors, or model-0000i-of-0000n.safetensors + index when larger than max_shard_bytes."""
-    from safetensors.torch import save_file
-
     shards, current, size = [], {}, 0
     for key in sorted(state):
         nbytes = state[key].numel() * state[key].element_size()
@@ -143,8 +142,6 @@ def write_hf_folder(output: str, spec: ModelSpec, config: dict, weights: Dict[st
             json.dump(config, f, indent=2, sort_keys=True)
         write_remote_code(spec, tmp)
         save_safetensors(weights, tmp, max_shard_bytes)
-        from transformers import GenerationConfig
-
         GenerationConfig(bos_token_id=config.get("bos_token_id"), eos_token_id=config.get("eos_token_id"),
                          pad_token_id=config.get("pad_token_id")).save_pretrained(str(tmp))
         if tokenizer is not None:

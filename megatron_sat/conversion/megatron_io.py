@@ -14,8 +14,24 @@ import os
 from typing import Callable, Optional, Tuple
 
 import torch
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
 from megatron_sat.conversion.mapping import CONVERTIBLE, ConversionError, ModelSpec, unsupported_arch
+from megatron_sat.model.config import make_config
+from megatron_sat.model.gpt import build_model
+from megatron_sat.parallel.layout import Layout, initialize
+from megatron_sat.parallel.process_group import init_from_env
+from megatron_sat.training.integrity import CorruptCheckpoint
+from megatron_sat.training.integrity import verify as check
+from megatron_sat.training.run_folder import (
+    TRACKER,
+    CheckpointError,
+    checkpoint_dir,
+    complete_iterations,
+    is_unfinished,
+    read_tracker,
+)
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
 # Transformer Engine keeps some norms inside the next linear; the local spec maps its names to
@@ -26,8 +42,6 @@ KEY_ALIASES = (("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.
 
 def init_single_process() -> None:
     """megatron's CPU compatibility and a one-rank process group (unless one exists already)."""
-    from megatron_sat.parallel.process_group import init_from_env
-
     try:
         init_from_env(single_only=True)
     except ValueError as e:
@@ -42,17 +56,6 @@ def find_checkpoint(path: str, verify: bool = True, log: Optional[Callable[[str]
 
     An unfinished checkpoint (iter_XXXXXXX.tmp: a save in progress or cut short; .del: being deleted) is never
     read nor offered. ConversionError (one line, what to do) for anything else that is not a complete one."""
-    from megatron.core import dist_checkpointing
-
-    from megatron_sat.training.run_folder import (
-        TRACKER,
-        CheckpointError,
-        checkpoint_dir,
-        complete_iterations,
-        is_unfinished,
-        read_tracker,
-    )
-
     path = os.path.abspath(path)
     if is_unfinished(path):
         run = os.path.dirname(path)
@@ -91,9 +94,6 @@ def find_checkpoint(path: str, verify: bool = True, log: Optional[Callable[[str]
 def _verify(directory: str, verify: bool, log: Optional[Callable[[str], None]]) -> None:
     """The trainer's manifest check (each process hashes every file: these readers run before or without a
     process group)."""
-    from megatron_sat.training.integrity import CorruptCheckpoint
-    from megatron_sat.training.integrity import verify as check
-
     if not verify:
         if log:
             log(f"warning: {directory} is read without checking its files (--no-verify-checkpoint)")
@@ -109,8 +109,6 @@ def _verify(directory: str, verify: bool, log: Optional[Callable[[str], None]]) 
 
 def recorded_config(iter_dir: str, run_dir: Optional[str]) -> Tuple[dict, dict]:
     """(trainer args, run config.json or {}) recorded with the checkpoint."""
-    from megatron.core import dist_checkpointing
-
     common = dist_checkpointing.load_common_state_dict(iter_dir)
     args = dict(common.get("args") or {})
     run_config = {}
@@ -126,8 +124,6 @@ def recorded_config(iter_dir: str, run_dir: Optional[str]) -> Tuple[dict, dict]:
 
 
 def tensor_metadata(iter_dir: str) -> dict:
-    from megatron.core import dist_checkpointing
-
     return dist_checkpointing.load_tensors_metadata(iter_dir)
 
 
@@ -163,9 +159,6 @@ def make_model(spec: ModelSpec, dtype: torch.dtype, **config_overrides):
     checkpoints (linear_qkv.weight and value_residual_gate.weight, megatron_sat.model.fused_gate), so
     a checkpoint of either impl loads here and named_parameters() has the names mapping.py converts."""
     config_overrides.setdefault("value_residual_gate_impl", "separate")
-    from megatron_sat.model.config import make_config
-    from megatron_sat.model.gpt import build_model
-    from megatron_sat.parallel.layout import Layout, initialize
 
     initialize(Layout())
     config = make_config(
@@ -185,9 +178,6 @@ def make_model(spec: ModelSpec, dtype: torch.dtype, **config_overrides):
 
 def load_weights(model, iter_dir: str, metadata: dict) -> None:
     """Model weights from the dist checkpoint into `model` (TP1/PP1), resharding from any layout."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
-
     sharded = model.sharded_state_dict()
     for value in sharded.values():
         if isinstance(value, ShardedTensor) and value.key not in metadata:

@@ -15,6 +15,10 @@ import json
 import os
 from typing import Optional
 
+from huggingface_hub import ModelCardData
+
+from megatron_sat.archs import VALUE_RESIDUAL
+
 PAPER_CITATION = """@article{gunasekaran2026satformer,
   title   = {Transformers with Selective Access to Early Representations},
   author  = {Gunasekaran and Wright and Zhu and Eshraghian},
@@ -58,8 +62,6 @@ def eval_scores(run_dir: Optional[str]) -> list:
 
 def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_samples: Optional[int]) -> str:
     """README.md text for the export described by `info` (export.py's summary)."""
-    from huggingface_hub import ModelCardData
-
     spec, arch = info.get("spec") or {}, info["arch"]
     seq = run_config.get("seq_length") or spec.get("max_position_embeddings")
     tokens = consumed_samples * seq if consumed_samples is not None and seq else None
@@ -69,7 +71,7 @@ def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_sa
     if isinstance(data, dict):
         data = ", ".join(f"{k}: {v}" for k, v in data.items() if v)
     meta = ModelCardData(license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
-                         tags=["megatron-sat", arch, "value-residual" if arch in ("satformer", "resformer") else arch])
+                         tags=["megatron-sat", arch, "value-residual" if arch in VALUE_RESIDUAL else arch])
     shape = (f"{spec.get('num_layers')} layers, hidden size {spec.get('hidden_size')}, "
              f"{spec.get('num_attention_heads')} attention heads ({spec.get('num_query_groups')} KV heads), "
              f"FFN {spec.get('ffn_hidden_size')}, vocabulary {spec.get('vocab_size')}, context {seq}")

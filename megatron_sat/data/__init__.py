@@ -15,6 +15,8 @@ Typical use::
     batch = next(iter(loader))   # tokens/labels/loss_mask/position_ids [b, s]
 """
 
+import importlib
+
 # The function `preprocess` is bound here at import: were it looked up on first use like the names below, any
 # earlier import of the submodule megatron_sat.data.preprocess would have bound the module under that name first.
 from megatron_sat.data.preprocess import preprocess  # light: no torch, no megatron-core
@@ -37,8 +39,6 @@ _WHERE = {
 def __getattr__(name):
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"megatron_sat.data.{_WHERE[name]}"), name)
     globals()[name] = value
     return value

@@ -34,6 +34,9 @@ import os
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 Blend = Tuple[List[str], Optional[List[float]]]
 DataSpec = Union[str, Sequence[str], Dict[str, Union[str, Sequence[str]]], None]
@@ -92,8 +95,6 @@ def _check_prefixes(prefixes: Sequence[str]) -> None:
 
 def _check_split_nonempty(prefixes, split_matrix, num_samples) -> None:
     """Megatron loops forever on a split that holds no document; fail clearly instead."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
     for prefix in prefixes:
         n_docs = len(IndexedDataset(prefix))
         for name, bounds, n in zip(("train", "valid", "test"), split_matrix, num_samples):
@@ -148,11 +149,6 @@ def build_datasets(
         is_built_on_rank: whether this rank builds datasets (others get None); must be True
             on global rank 0.
     """
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
-
     if len(num_samples) != 3:
         raise ValueError(f"num_samples must be (train, valid, test), got {num_samples}")
     sizes = [None if n is None else int(n) for n in num_samples]

@@ -15,6 +15,7 @@ import os
 from typing import Optional
 
 import numpy
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 _SCAN_CHUNK = 64 << 20  # tokens per read when the largest id is not recorded in .meta.json
 
@@ -44,8 +45,6 @@ def _largest_token(bin_path: str, dtype, num_tokens: int) -> int:
 
 def check_dataset(prefix: str, tokenizer, allow_tokenizer_mismatch: bool = False) -> dict:
     """Check one dataset prefix; returns {"documents", "tokens", "largest_token"}; DataError on a problem."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     if os.path.isfile(bin_path) and os.path.getsize(bin_path) == 0:  # Megatron cannot even open it (mmap)
         raise DataError(f"{bin_path} is empty: the dataset {prefix} holds no documents. Remove it from the data "

@@ -25,6 +25,7 @@ import random
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass
+from pydoc_data.topics import topics
 from typing import List, Sequence, Tuple
 
 DEFAULT_CORPUS_FILENAME = "default_corpus.jsonl"
@@ -45,8 +46,6 @@ _SHUFFLE_SEED = 20240601
 
 def _topic_documents() -> List[Tuple[str, str]]:
     """(name, text) for every topic of the Python Language Reference, sorted by name."""
-    from pydoc_data.topics import topics
-
     return [(f"topics/{k}", topics[k].strip() + "\n") for k in sorted(topics)]
 
 

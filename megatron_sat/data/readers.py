@@ -32,6 +32,7 @@ import zlib
 from dataclasses import dataclass
 from itertools import islice
 from typing import Iterator, List, Optional, Sequence
+from urllib.parse import urlparse
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 COMPRESSED = (".gz", ".zst", ".zstd")
@@ -173,8 +174,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return True  # cannot probe through a proxy cheaply; let the download try
-    from urllib.parse import urlparse
-
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     port = url.port or (80 if url.scheme == "http" else 443)
     try:
@@ -191,7 +190,7 @@ def resolve_hub_dataset(name: str) -> str:
     parts = name.split("/")
     repo, sub = "/".join(parts[:2]), "/".join(parts[2:])
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # optional (hf extra), only for hub names
 
         folder = snapshot_download(repo, repo_type="dataset", local_files_only=True)
     except Exception:  # noqa: BLE001 (not cached: LocalEntryNotFoundError and friends)
@@ -298,7 +297,7 @@ def _open_lines(path: str):
         return gzip.GzipFile(fileobj=raw, mode="rb"), raw
     if path.endswith((".zst", ".zstd")):
         try:
-            import zstandard
+            import zstandard  # optional (hf extra), only for .zst files
         except ImportError:
             raw.close()
             raise InputError(f"{path}: reading .zst needs the zstandard package (pip install zstandard)") from None
@@ -310,7 +309,7 @@ def _open_lines(path: str):
 def _decompress_errors():
     errs = [OSError, EOFError, zlib.error]
     try:
-        import zstandard
+        import zstandard  # optional (hf extra)
 
         errs.append(zstandard.ZstdError)
     except ImportError:
@@ -368,7 +367,7 @@ def _txt_chunks(path: str, txt_mode: str, chunk_docs: int) -> Iterator[Chunk]:
 
 def _column_values(column, source: str, key: str):
     """A pyarrow column -> python values: str, bytes (to be checked as UTF-8) or None."""
-    import pyarrow as pa
+    import pyarrow as pa  # optional (hf extra), only for parquet; keeps preprocessing's start-up light
 
     t = column.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -384,6 +383,7 @@ def _column_values(column, source: str, key: str):
 
 
 def _parquet_chunks(path: str, key: str, chunk_rows: int) -> Iterator[Chunk]:
+    # optional (hf extra), only for parquet; keeps preprocessing's start-up light
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -420,7 +420,7 @@ def _table_chunks(tables, source: str, key: str, size: int, total_rows: int) -> 
 
 
 def _pick_split(ds, source: str, split: str):
-    import datasets
+    import datasets  # optional (hf extra), only for Hugging Face datasets; slow to import
 
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in ds:
@@ -430,7 +430,7 @@ def _pick_split(ds, source: str, split: str):
 
 
 def _saved_dataset_chunks(path: str, key: str, split: str, chunk_rows: int) -> Iterator[Chunk]:
-    import datasets
+    import datasets  # optional (hf extra), only for Hugging Face datasets; slow to import
 
     try:
         ds = _pick_split(datasets.load_from_disk(path), path, split)
@@ -445,7 +445,7 @@ def _saved_dataset_chunks(path: str, key: str, split: str, chunk_rows: int) -> I
 
 
 def _hub_stream_chunks(name: str, key: str, split: str, chunk_rows: int) -> Iterator[Chunk]:
-    import datasets
+    import datasets  # optional (hf extra), only for Hugging Face datasets; slow to import
 
     try:
         ds = datasets.load_dataset(name, split=split, streaming=True)

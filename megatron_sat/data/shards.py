@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence
 
 from megatron_sat.data.preprocess import _ERR, PreprocessError, preprocess
 from megatron_sat.data.readers import expand_inputs
+from megatron_sat.data.tokenizer import load_tokenizer
 
 MANIFEST = "shards.json"
 
@@ -72,10 +73,8 @@ def preprocess_shards(inputs: Sequence[str], tokenizer, shard_dir: str, task: in
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
     os.replace(tmp, path)
-    from megatron_sat.data.tokenizer import load_tokenizer
-
     try:  # once for all shards
-        tokenizer = load_tokenizer(tokenizer, eod_token=kwargs.pop("eod_token", None))
+        tokenizer = load_tokenizer(tokenizer, eod_token=kwargs.pop("eod_token", None), plain=True)
     except (OSError, ValueError) as e:
         raise PreprocessError(f"{_ERR} cannot load tokenizer: {e}") from None
     mine = task_files(len(files), task, num_tasks)
@@ -133,6 +132,7 @@ def _metas(prefixes: Sequence[str]) -> List[dict]:
 
 def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> dict:
     """Concatenate datasets into output_prefix (written aside, moved into place); returns its .meta.json."""
+    # imported here: preprocess_shards, the preprocessing side of this module, must not import torch/megatron-core
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, _IndexReader
 
     if not prefixes:
@@ -181,7 +181,7 @@ def write_blend(prefixes: Sequence[str], path: str) -> str:
     for p, m in zip(prefixes, metas):
         tokens: Optional[int] = m.get("num_tokens")
         if tokens is None:
-            from megatron.core.datasets.indexed_dataset import _IndexReader
+            from megatron.core.datasets.indexed_dataset import _IndexReader  # as in merge_datasets
 
             tokens = int(_IndexReader(p + ".idx", multimodal=False).sequence_lengths.sum())
         if tokens:

@@ -143,6 +143,7 @@ def init_gate_rows(weight: torch.Tensor, layout: FusedGateLayout, tp_rank: int, 
 def sharded_factory(original, layout: FusedGateLayout, sharded_offsets):
     """linear_qkv.weight's sharded tensor -> a factory that saves (and loads) `linear_qkv.weight` in the
     Transformer's layout and `value_residual_gate.weight` [ng, h], both sharded over TP along rows."""
+    # imported here: importing this module needs no Megatron (module docstring)
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
     prepend = len(sharded_offsets)

@@ -22,6 +22,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.module import MegatronModule
 
+from megatron_sat import compat
 from megatron_sat.model import dense_transport, v1_transport
 from megatron_sat.model.config import SATConfig
 from megatron_sat.model.specs import layer_spec
@@ -114,8 +115,6 @@ def build_model(
 
     parallel_state must be initialised (megatron_sat.parallel.layout.initialize).
     """
-    from megatron_sat import compat
-
     cls = CarryGPTModel if config.uses_value_residual or config.is_dense else GPTModel
     spec = layer_spec(config, backend)
     vp = parallel_state.get_virtual_pipeline_model_parallel_world_size()

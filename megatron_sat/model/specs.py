@@ -107,6 +107,7 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
     else:
         raise ValueError(f"no layer spec for arch {config.arch!r}")
     if backend == "te":
+        # Transformer Engine: optional, GPU only (HAVE_TE above); this module of megatron-core imports it
         from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
 
         te = TESpecProvider()

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_sat.training import integrity, run_folder
@@ -181,8 +182,6 @@ class Saver:
         self.queue = None
         self.pending: Optional[int] = None
         if async_save:
-            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
             self.queue = AsyncCallsQueue()
 
     def save(self, iteration: int, *, consumed_samples: int, args: Optional[dict] = None,

@@ -12,8 +12,11 @@ recipe < config file < command line. Nothing here imports megatron.
 """
 
 import argparse
+import copy
 import os
 from typing import Dict, List
+
+import yaml  # PyYAML: YAML 1.1 reads JSON too
 
 # dests that are not run arguments: how the arguments were given, not what they are
 NOT_ARGUMENTS = ("help", "config", "print_config")
@@ -28,8 +31,6 @@ def argument_actions(parser: argparse.ArgumentParser) -> Dict[str, argparse.Acti
 def read_config(path: str, parser: argparse.ArgumentParser) -> dict:
     """{dest: value} of config file `path`, each value checked by its flag's type and choices (ValueError with
     one line that says what to fix)."""
-    import yaml  # PyYAML: YAML 1.1 reads JSON too
-
     if not os.path.isfile(path):
         raise ValueError(f"--config {path} is not a file: pass a YAML or JSON file (--print-config writes one)")
     try:
@@ -138,8 +139,6 @@ def _plain(value):
 
 def dump_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
     """--print-config's output: YAML, readable back with --config."""
-    import yaml
-
     header = ("# megatron-sat-train arguments, resolved (recipe < config file < command line).\n"
               "# Rerun with: python -m megatron_sat.train --config THIS_FILE [flags that override it]\n")
     return header + yaml.safe_dump(config_dict(args, parser), sort_keys=False, default_flow_style=None, width=120)
@@ -148,8 +147,6 @@ def dump_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> st
 def explicit_dests(parser: argparse.ArgumentParser, argv: List[str]) -> dict:
     """{dest: value} of the flags given in argv (nothing from defaults): a copy of the parser whose every
     default is argparse.SUPPRESS parses it."""
-    import copy
-
     bare = copy.deepcopy(parser)
     for action in list(bare._actions):
         if isinstance(action, argparse._HelpAction):  # --help is answered by the real parser, with its defaults

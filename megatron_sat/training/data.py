@@ -13,6 +13,7 @@ sweep are compared on identical text. build_iterators records what identifies th
 token ids) as args.validation_set, which config.json carries.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +22,16 @@ import time
 import torch
 from megatron.core import parallel_state
 
-from megatron_sat.data import NullTokenizer, build_data_loader, build_datasets, load_tokenizer, parse_blend
+from megatron_sat.data import (
+    NullTokenizer,
+    build_data_loader,
+    build_datasets,
+    load_tokenizer,
+    parse_blend,
+    preprocess,
+    train_bpe_tokenizer,
+    write_default_corpus,
+)
 from megatron_sat.data.checks import DataError, check_dataset, epochs_needed, split_errors
 from megatron_sat.training.arguments import data_spec, parse_split
 
@@ -37,8 +47,6 @@ def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
     tok_dir = os.path.join(directory, "tokenizer")
     ready = os.path.join(directory, READY)
     if torch.distributed.get_rank() == 0:
-        import fcntl
-
         os.makedirs(directory, exist_ok=True)
         lock = open(os.path.join(directory, ".lock"), "w")
         fcntl.flock(lock, fcntl.LOCK_EX)  # runs started together (a job array) build it once; the others wait
@@ -47,8 +55,6 @@ def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
             with open(ready) as f:
                 stamp = json.load(f)
         if stamp is None or stamp.get("vocab_size") != vocab_size:
-            from megatron_sat.data import preprocess, train_bpe_tokenizer, write_default_corpus
-
             t0 = time.time()
             log(f"preparing the embedded corpus in {directory} (once; later runs reuse it) ...")
             info = write_default_corpus(os.path.join(directory, "raw"))

@@ -70,6 +70,8 @@ def _my_share(names: List[str], rank: int, world: int) -> List[str]:
 
 def _gather(local: dict, group_all: bool) -> dict:
     """Union of every rank's dict (all_gather_object), or the local dict alone without a process group."""
+    # torch only here and in _rank_world: hashing needs none, and tools/benchmark_checkpoint_hash.py imports
+    # this module before parsing its arguments
     import torch
 
     if not group_all or not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
@@ -83,7 +85,7 @@ def _gather(local: dict, group_all: bool) -> dict:
 
 
 def _rank_world() -> Tuple[int, int]:
-    import torch
+    import torch  # see _gather
 
     if torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()

@@ -43,7 +43,10 @@ import sys
 import time
 from typing import Optional
 
+import psutil
+
 from megatron_sat.training import records
+from megatron_sat.training.arguments import recipe_args
 
 GIB = 2.0 ** 30
 
@@ -83,8 +86,6 @@ def scale_name(config: dict) -> str:
     elif arch and recipe.endswith("_" + arch):
         name = recipe[:-len(arch) - 1]
     try:
-        from megatron_sat.training.arguments import recipe_args
-
         defaults = vars(recipe_args(recipe))
     except (ValueError, SystemExit):  # a recipe this checkout does not know: its name is all there is
         return name
@@ -97,12 +98,7 @@ def memory() -> dict:
     """Peak memory of this process so far (GiB): CPU peak RSS (getrusage) and current RSS (psutil); with CUDA the
     peak allocated and reserved bytes of its device (torch.cuda.max_memory_*)."""
     out = {"mem_cpu_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}
-    try:
-        import psutil
-
-        out["mem_cpu_rss_gib"] = psutil.Process().memory_info().rss / GIB
-    except ImportError:
-        pass
+    out["mem_cpu_rss_gib"] = psutil.Process().memory_info().rss / GIB
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         out["mem_gpu_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
@@ -111,12 +107,7 @@ def memory() -> dict:
 
 
 def _process_start() -> float:
-    try:
-        import psutil
-
-        return psutil.Process().create_time()
-    except ImportError:
-        return time.time()
+    return psutil.Process().create_time()
 
 
 def _slurm_job() -> Optional[str]:
@@ -181,7 +172,7 @@ class Monitor:
                                              purge_step=start_iteration + 1 if resumed else None)
             self.print(f"tensorboard: event files in {args.tensorboard_dir}")
         if args.progress_bar and sys.stdout.isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # optional (the train extra)
 
             self.bar = tqdm(total=args.train_iters, initial=start_iteration, unit="step", dynamic_ncols=True)
 
@@ -223,7 +214,7 @@ class Monitor:
         return self.wall_before + time.time() - self.t_process
 
     def _init_wandb(self, run_config: dict) -> None:
-        import wandb
+        import wandb  # optional (the train extra), seconds to import
 
         mode = self.args.wandb_mode or os.environ.get("WANDB_MODE")
         if mode is None:

@@ -19,22 +19,19 @@ refused with a message on others, so that an upgrade is checked rather than patc
 
 import functools
 
+import megatron.core
 import torch
+from megatron.core.optimizer.distrib_optimizer import HAVE_APEX_OR_TE, DistributedOptimizer
 
 WRITTEN_FOR = "0.19."  # megatron-core versions (prefix) whose DistributedOptimizer this module patches
 
 
 def needed() -> bool:
-    from megatron.core.optimizer.distrib_optimizer import HAVE_APEX_OR_TE
-
     return not HAVE_APEX_OR_TE
 
 
 def apply() -> None:
     """Patch DistributedOptimizer where torch's Adam backs it (idempotent; a no-op with Apex or TE)."""
-    import megatron.core
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
     if not needed() or getattr(DistributedOptimizer, "_megatron_sat_resume_fix", False):
         return
     version = getattr(megatron.core, "__version__", "?")

@@ -31,6 +31,8 @@ import time
 import uuid
 from typing import Callable, Optional
 
+import psutil
+
 LOCK = ".run.lock"
 HEARTBEAT_S = float(os.environ.get("MEGATRON_SAT_LOCK_HEARTBEAT_S", "30"))
 STALE_S = float(os.environ.get("MEGATRON_SAT_LOCK_STALE_S", "300"))
@@ -48,11 +50,7 @@ class NotWritable(RuntimeError):
 
 def _process_start(pid: int) -> Optional[float]:
     try:
-        import psutil
-
         return psutil.Process(pid).create_time()
-    except ImportError:
-        return None
     except Exception:  # psutil.NoSuchProcess, AccessDenied, ZombieProcess
         return None
 

@@ -19,10 +19,15 @@ signals nor outlive the trainer:
 
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
 import signal
 import sys
+from multiprocessing import resource_tracker
+from multiprocessing.managers import SyncManager
 from typing import Callable, Optional
+
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 
 JOB_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
@@ -111,12 +116,6 @@ def install_write_results_queue() -> None:
     global _manager
     if _manager is not None:
         return
-    import multiprocessing
-    from multiprocessing import resource_tracker
-    from multiprocessing.managers import SyncManager
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
     if not hasattr(filesystem_async, "_results_queue"):  # a Megatron-Core that no longer has the global
         return
     manager = SyncManager(ctx=multiprocessing.get_context("spawn"))

@@ -24,6 +24,7 @@ collective that waits too long with an exception, but says nothing about the oth
 import faulthandler
 import json
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -43,8 +44,7 @@ def enable_flight_recorder(entries: int = 64) -> None:
 
 def _last_collectives(limit: int = 4) -> str:
     try:
-        import pickle
-
+        # a private torch API: where it is missing, the report says so instead of this module failing to import
         from torch._C._distributed_c10d import _dump_fr_trace
 
         entries = pickle.loads(_dump_fr_trace(True, True, False)).get("entries", [])[-limit:]
