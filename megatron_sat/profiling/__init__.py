@@ -1,5 +1,3 @@
-"""Throughput accounting: analytic FLOPs per arch and peak device FLOPs (for MFU)."""
-
-from megatron_sat.model.flops import flops_breakdown, flops_per_token, peak_flops_per_device
-
-__all__ = ["flops_breakdown", "flops_per_token", "peak_flops_per_device"]
+"""Measuring the model: throughput and memory (throughput.py, report.py, settings.py), step benchmarks
+(step_benchmark.py), traces and FLOPs profiles (detail.py) and the dry run at scale (dry_run.py).
+The analytic FLOPs per arch live with the model (megatron_sat.model.flops)."""

@@ -65,9 +65,6 @@ class SavedBytes:
         self._ctx.__exit__(*exc)
 
 
-_SavedBytes = SavedBytes  # the old private name
-
-
 def sync():
     """Wait for the device (a no-op on CPU), so that wall-clock times cover the work."""
     if torch.cuda.is_available():
