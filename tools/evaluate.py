@@ -35,12 +35,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# light: lm-eval and torch are imported inside evaluation's functions, so --help and bad input answer at once
+from megatron_sat.analysis.evaluation import SUITES, EvaluationError, evaluate, to_markdown, write_results  # noqa: E402
+from megatron_sat.outputs import check_output  # noqa: E402
+from megatron_sat.parallel.world import world_from_env  # noqa: E402
+
 
 def main(argv=None) -> int:
-    from megatron_sat.analysis.evaluation import SUITES
-    from megatron_sat.outputs import check_output
-    from megatron_sat.parallel.world import world_from_env
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="HF model folder (tools/convert_to_hf.py --output)")
@@ -104,7 +105,6 @@ def main(argv=None) -> int:
                 check_output(flag, out, dict([source]))
     except ValueError as e:
         p.error(str(e))
-    from megatron_sat.analysis.evaluation import EvaluationError, evaluate, to_markdown, write_results
 
     try:
         summary = evaluate(args.model, list(dict.fromkeys(tasks)), checkpoint=args.checkpoint,
@@ -162,7 +162,7 @@ def _beside_checkpoints(output: str, run: str) -> bool:
 
 def _cuda() -> bool:
     try:
-        import torch
+        import torch  # only to pick the default device: ~2 s that --help and bad input do not pay
 
         return torch.cuda.is_available()
     except ImportError:

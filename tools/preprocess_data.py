@@ -76,7 +76,11 @@ try:
 except ImportError:  # run from a checkout without installing: put the repo root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_sat.data.corpus import write_default_corpus
 from megatron_sat.data.preprocess import DEFAULT_CHUNKSIZE, PreprocessResult, preprocess
+from megatron_sat.data.readers import expand_inputs
+from megatron_sat.data.shards import preprocess_shards
+from megatron_sat.data.tokenizer import train_bpe_tokenizer
 
 __all__ = ["preprocess", "PreprocessResult", "main"]
 
@@ -206,17 +210,12 @@ def _main(argv=None) -> PreprocessResult:
     args = get_args(argv)
     inputs = list(args.input or [])
     if args.default_corpus:
-        from megatron_sat.data.corpus import write_default_corpus
-
         info = write_default_corpus(args.default_corpus)
         print(f"preprocess_data: default corpus {info.path}: {info.num_docs} documents, "
               f"{info.num_chars:,} characters (Python {info.python_version})", flush=True)
         inputs.append(info.path)
     tokenizer = args.tokenizer
     if args.train_tokenizer:
-        from megatron_sat.data.readers import expand_inputs
-        from megatron_sat.data.tokenizer import train_bpe_tokenizer
-
         t0 = time.time()
         try:
             expand_inputs(inputs)
@@ -240,8 +239,6 @@ def _main(argv=None) -> PreprocessResult:
         fast_bpe=not args.no_fast_bpe,
     )
     if args.shard_dir:
-        from megatron_sat.data.shards import preprocess_shards
-
         return preprocess_shards(inputs, tokenizer, args.shard_dir, args.task_index, args.num_tasks, **kwargs)
     if args.shard_dir and len(args.keys) > 1:
         raise SystemExit("preprocess_data: error: --shard-dir takes one text key; run once per --json-keys key")

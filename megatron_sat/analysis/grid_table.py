@@ -41,7 +41,7 @@ LEVEL = 0.95  # of the difference and multiplier intervals
 def difference(values: List[float], reference: List[float], level: float = LEVEL) -> dict:
     """mean(values) - mean(reference) with its Welch t interval: {diff, se, df, low, high, significant, n, n_ref};
     low/high/significant None when either side has fewer than 2 seeds (no spread to judge by)."""
-    from scipy import stats
+    from scipy import stats  # the eval extra, and ~1 s to import: only where an interval is computed
 
     a, b = [float(v) for v in values], [float(v) for v in reference]
     out = dict(diff=statistics.fmean(a) - statistics.fmean(b), n=len(a), n_ref=len(b), se=None, df=None, low=None,

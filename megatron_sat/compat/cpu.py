@@ -627,7 +627,7 @@ WRITTEN_FOR = "0.19."  # the megatron-core versions (prefix) these patches were 
 
 def _check_version() -> None:
     """Warn once when megatron-core is not a version the patches were written for (P4 fails loudly on its own)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # only when the patches are applied
 
     try:
         found = version("megatron-core")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy
@@ -141,7 +142,7 @@ class FastBPE:
     """tiktoken's BPE over a byte-level BPE's ranks (built and checked by :func:`fast_encoder`)."""
 
     def __init__(self, pattern: str, ranks: dict, specials: dict, name: str) -> None:
-        import tiktoken
+        import tiktoken  # the hf extra; fast_encoder says so in its note when it is missing
 
         self.spec = (pattern, ranks, specials, name)
         self.encoding = tiktoken.Encoding(f"megatron_sat:{name}", pat_str=pattern, mergeable_ranks=ranks,
@@ -177,8 +178,6 @@ def _first_difference(tokenizer, fast: FastBPE, texts: Sequence[str]) -> Optiona
 def _codepoint_texts() -> List[str]:
     """Every assigned code point (private use and surrogates aside) next to letters, digits, spaces and newlines,
     in texts of ~64 KB: a character class the two regex engines see differently changes the pieces."""
-    import unicodedata
-
     texts, parts = [], []
     for c in range(0x110000):
         ch = chr(c)
@@ -204,7 +203,7 @@ def _vocab_texts(ranks: dict, specials: dict) -> List[str]:
 
 
 def _cache_path(spec_json: str) -> str:
-    import tiktoken
+    import tiktoken  # the hf extra (fast_encoder checked it is there)
     import tokenizers
 
     key = hashlib.sha256(f"{spec_json}\n{tiktoken.__version__}\n{tokenizers.__version__}\n{GPT2_PATTERN}\n"

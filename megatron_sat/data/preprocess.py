@@ -35,6 +35,7 @@ from typing import Iterator, List, Optional, Sequence, Union
 import numpy
 
 from megatron_sat.data.encode import decode_chunk, encode_chunk, init_worker
+from megatron_sat.data.fastbpe import fast_encoder
 from megatron_sat.data.indexed import IndexWriter, optimal_dtype
 from megatron_sat.data.readers import Block, InputError, expand_inputs, iter_chunks, iter_tasks, source_size
 from megatron_sat.data.tokenizer import Tokenizer, load_tokenizer
@@ -136,8 +137,6 @@ def _choose_encoder(tok, fast_bpe: bool, files, json_key, txt_mode, hf_split):
     """A checked FastBPE, or None (then a one-line note says why, on stderr)."""
     if not fast_bpe:
         return None
-    from megatron_sat.data.fastbpe import fast_encoder
-
     fast, note = fast_encoder(tok, _sample(files, json_key, txt_mode, hf_split))
     if fast is None:
         print(f"preprocess_data: {note}", file=sys.stderr, flush=True)
@@ -323,7 +322,7 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         if enabled and self.tty:
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # the train extra: no bar without it
 
                 self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", mininterval=0.5)
             except ImportError:
@@ -361,7 +360,7 @@ def _remove(tmp: str, builder) -> None:
 
 def read_documents(prefix: str) -> List[numpy.ndarray]:
     """Read a written dataset back: one int64 array of token ids [n_tokens] per document."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.datasets.indexed_dataset import IndexedDataset  # preprocessing itself stays Megatron-free
 
     ds = IndexedDataset(prefix)
     return [numpy.asarray(ds[i], dtype=numpy.int64) for i in range(len(ds))]

@@ -188,7 +188,7 @@ def plain_tokenizer(name: str, eod_token: Optional[str] = None) -> Optional[Toke
     """A :class:`TokenizersOnly` for a ``tokenizer.json`` file, or a folder of ``tokenizer.json`` and a
     ``tokenizer_config.json`` of a plain fast class and only :data:`_PLAIN_CONFIG_KEYS` whose special tokens are
     all in the vocabulary; None for anything else (then ``transformers`` loads it)."""
-    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import Tokenizer as RawTokenizer  # the hf extra: a base install imports this module too
 
     if os.path.isfile(name):
         if not name.endswith(".json"):
@@ -256,7 +256,7 @@ def load_tokenizer(name_or_path: str, eod_token: Optional[str] = None, plain: bo
     extra = {} if eod_token is None else {"eos_token": eod_token}
 
     if os.path.isfile(name):
-        from tokenizers import Tokenizer as RawTokenizer
+        from tokenizers import Tokenizer as RawTokenizer  # the hf extra (as transformers above)
 
         try:
             raw = RawTokenizer.from_file(name)
@@ -339,6 +339,7 @@ def train_bpe_tokenizer(
     Returns:
         The trained tokenizer, loaded back from ``out_dir``.
     """
+    # the hf extra, and transformers imports torch: neither at this module's import
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast

@@ -22,6 +22,10 @@ import re
 from contextlib import contextmanager
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+
+from megatron_sat.compat import cpu
+from megatron_sat.training.step import run_forward_backward
 
 _LAYER = re.compile(r"(^|\.)layers\.\d+(\.|$)")
 
@@ -33,8 +37,6 @@ def _fold(name: str) -> str:
 @contextmanager
 def torch_trace(out_dir: str, name: str, top: int = 40):
     """Profile the block with torch.profiler; write trace_<name>.json and ops_<name>.txt to out_dir."""
-    from torch.profiler import ProfilerActivity, profile
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities, record_shapes=True) as prof:
         yield prof
@@ -53,8 +55,6 @@ def _drop_cached_torch_functions() -> None:
     would stay invisible. Dropping the entries that are plain copies of torch's current attributes
     makes the next lookup fetch whatever torch holds now. Call before start and before end.
     """
-    from megatron_sat.compat import cpu
-
     proxy = getattr(cpu, "_TORCH_PROXY", None)
     if proxy is None:
         return
@@ -77,10 +77,9 @@ def _matmul_flops(input, other, *, out=None):
 
 def flops_profile(run, out_dir: str, tag: str, write: bool) -> dict:
     """DeepSpeed's forward FLOPs of `run` (a throughput.ArchRun); collective: every rank must call it."""
+    # the profile extra (DeepSpeed), seconds to import: only for --flops-profile
     from deepspeed.profiling.flops_profiler import profiler as ds
     from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler, get_module_duration, get_module_flops
-
-    from megatron_sat.training.step import run_forward_backward
 
     spec = run.spec
     container = torch.nn.ModuleList(run.inner)  # never called: only its children run

@@ -29,16 +29,29 @@ kernels (the local spec runs), NCCL, GPU memory fragmentation. Written here beca
 model per rank on a fake world and checks it against a memory model.
 """
 
+import contextlib
+import logging
 import time
+import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 import torch
+from megatron.core import parallel_state
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from megatron_sat import compat
+from megatron_sat.compat.cpu import FAKE_BACKEND
+from megatron_sat.parallel.layout import destroy, initialize
 from megatron_sat.profiling.step_benchmark import SavedBytes
+from megatron_sat.training.arguments import recipe_args
+from megatron_sat.training.planner import _chunk_layers, make_plan, stage_estimates
 from megatron_sat.training.setup import precision_and_layout
+from megatron_sat.training.step import gpt_forward_step, run_forward_backward, setup_model_and_optimizer
+from megatron_sat.training.trainer import UsageError, configure
+from recipes.paper import cluster
 
 DEFAULT_TOLERANCE = 0.01  # relative: Megatron pads its gradient buffers and optimizer shards (measured at most 0.004%)
 ACTIVATION_TOLERANCE = 0.03  # relative: saved activations against the planner (measured -2.8% .. +2.4%, docs/dry_run.md)
@@ -158,11 +171,6 @@ def _storage_key(t) -> int:
 
 
 def _init_fake_world(world: int, rank: int) -> None:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from megatron_sat.compat.cpu import FAKE_BACKEND
-    from megatron_sat.parallel.layout import destroy
-
     destroy()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -172,9 +180,6 @@ def _init_fake_world(world: int, rank: int) -> None:
 @contextmanager
 def _quiet():
     """Megatron's per-model notices (deprecations, DDP layout notes) would repeat for every role."""
-    import logging
-    import warnings
-
     logger = logging.getLogger("megatron")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -187,8 +192,6 @@ def _quiet():
 
 
 def _one_line(err: BaseException) -> str:
-    import traceback
-
     text = " ".join(str(err).split()) or type(err).__name__
     frames = traceback.extract_tb(err.__traceback__)
     where = f" (at {frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno})" if frames else ""
@@ -224,14 +227,6 @@ def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size
               fake: bool = True) -> RoleReport:
     """Play `rank` (fake: on the fake world and the meta device; otherwise this process's own rank of a real world,
     on real tensors: how tests/test_dry_run.py checks the dry run against a real run) and measure what it built."""
-    import contextlib
-
-    from megatron.core import parallel_state
-
-    from megatron_sat.parallel.layout import initialize
-    from megatron_sat.training.planner import _chunk_layers
-    from megatron_sat.training.step import gpt_forward_step, run_forward_backward, setup_model_and_optimizer
-
     t0 = time.time()
     if fake:
         _init_fake_world(world, rank)
@@ -310,9 +305,6 @@ def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size
 def measure_real_rank(args, *, gpu: str = "cpu", all_micro_batches: bool = False) -> RoleReport:
     """What this rank of a real, initialised torch.distributed world builds and saves in one step, measured exactly as
     the dry run measures a role (tests/test_dry_run.py compares the two)."""
-    from megatron_sat.training.planner import make_plan, stage_estimates
-    from megatron_sat.training.trainer import configure
-
     world = torch.distributed.get_world_size()
     setup = configure(args, lambda line: None)
     plan = make_plan(args, recipe="real", nodes=1, gpus_per_node=world, gpu=gpu)
@@ -362,9 +354,6 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
 
     Never raises for the run's own errors: report.failure holds the one-line reason (the trainer's message for a
     layout it refuses, the real code's error, or the first difference from the plan)."""
-    from megatron_sat.training.planner import make_plan, stage_estimates
-    from megatron_sat.training.trainer import UsageError, configure
-
     t0 = time.time()
     world = nodes * gpus_per_node
     compat.ensure_cpu_compat()
@@ -416,8 +405,6 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
                 if report.failure:
                     return report
         finally:
-            from megatron_sat.parallel.layout import destroy
-
             destroy()
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
@@ -429,9 +416,6 @@ def dry_run_recipe(recipe: str, overrides=(), *, nodes: Optional[int] = None, gp
                    gpu: Optional[str] = None, **kwargs) -> DryRunReport:
     """dry_run of `recipe` with trainer flags `overrides` on its default cluster (recipes.paper.cluster), any part of
     it overridden (as planner.plan_recipe). ValueError for an unknown recipe."""
-    from megatron_sat.training.arguments import recipe_args
-    from recipes.paper import cluster
-
     args = recipe_args(recipe, list(overrides))
     c = cluster(recipe)
     return dry_run(args, recipe=recipe, nodes=nodes or c["nodes"], gpus_per_node=gpus_per_node or c["gpus_per_node"],

@@ -170,7 +170,7 @@ def format_table(rows: list) -> str:
 
 def plot(path: str, settings: dict, rows: list) -> None:
     """Bar charts per figure, each bar labelled with its ratio to the baseline."""
-    import matplotlib
+    import matplotlib  # the eval extra; its backend is chosen before pyplot is imported
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -23,6 +23,8 @@ does this for Megatron-Core's optimizers; Megatron-LM's trainer has the same two
 import math
 from typing import Callable, List, Optional, Tuple
 
+from megatron.core.optimizer.optimizer import param_group_identifier_keys
+
 OVERRIDE, CHECKPOINT = "override", "checkpoint"
 
 # the scheduler's state-dict fields the command sets, and the flags that set them
@@ -109,8 +111,6 @@ def choose(saved: Optional[dict], args, iteration: int, log: Callable[[str], Non
 
 def _key(group: dict) -> tuple:
     """megatron-core's matching key of a parameter group, without its learning rates."""
-    from megatron.core.optimizer.optimizer import param_group_identifier_keys
-
     return tuple(group.get(k, group.get(f"pre_{k}")) for k in param_group_identifier_keys if k not in LR_KEYS)
 
 

@@ -16,10 +16,14 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank
 
+from megatron_sat.model.gpt import build_model
 from megatron_sat.parallel.grads import finalize_grads
 from megatron_sat.parallel.pipeline import forward_backward
+from megatron_sat.training import optimizer_resume
 
 
 def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False):
@@ -48,8 +52,6 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
     if weight_decay_params not in ("matrices", "all"):
         raise ValueError(f"weight_decay_params must be 'matrices' or 'all', not {weight_decay_params!r}")
     if use_distributed_optimizer:
-        from megatron_sat.training import optimizer_resume
-
         optimizer_resume.apply()  # torch's AdamW under the distributed optimizer resumes exactly (CPU or GPU)
     config = OptimizerConfig(
         optimizer="adam",
@@ -70,8 +72,6 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
 
 def count_chunk_parameters(chunks) -> int:
     """The model's parameters over all ranks, each counted once (shared embeddings and TP duplicates too)."""
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
     local = sum(p.numel() for c in chunks for p in c.parameters()
                 if not getattr(p, "shared", False) and param_is_not_tensor_parallel_duplicate(p))
     total = torch.tensor([float(local if parallel_state.get_data_parallel_rank() == 0 else 0)], dtype=torch.float64)
@@ -86,10 +86,6 @@ def setup_model_and_optimizer(config, *, vocab_size: int, max_sequence_length: i
 
     Returns (chunks, parameter count over all ranks, optimizer): GPTModel -> Float16Module under BF16 ->
     Megatron DDP. optimizer_kwargs go to build_optimizer (lr, min_lr, weight_decay, clip_grad, betas, eps)."""
-    from megatron.core.transformer.module import Float16Module
-
-    from megatron_sat.model.gpt import build_model
-
     chunks = build_model(config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
                          rotary_base=rotary_base, backend=backend)
     num_params = count_chunk_parameters(chunks)
