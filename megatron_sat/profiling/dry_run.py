@@ -46,8 +46,8 @@ from megatron_sat import compat
 from megatron_sat.compat.cpu import FAKE_BACKEND
 from megatron_sat.parallel.layout import destroy, initialize
 from megatron_sat.profiling.step_benchmark import SavedBytes
+from megatron_sat.training import planner  # looked up at call time: tests substitute a wrong planner figure
 from megatron_sat.training.arguments import recipe_args
-from megatron_sat.training.planner import _chunk_layers, make_plan, stage_estimates
 from megatron_sat.training.setup import precision_and_layout
 from megatron_sat.training.step import gpt_forward_step, run_forward_backward, setup_model_and_optimizer
 from megatron_sat.training.trainer import UsageError, configure
@@ -234,7 +234,7 @@ def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size
     initialize(layout, seed=args.seed)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     vpp = layout.vpp or 1
-    layers = _chunk_layers(config.num_layers, layout.pp * vpp)
+    layers = planner._chunk_layers(config.num_layers, layout.pp * vpp)
     report = RoleReport(rank=torch.distributed.get_rank(), pp_rank=pp_rank,
                         tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                         dp_rank=parallel_state.get_data_parallel_rank(),
@@ -307,8 +307,8 @@ def measure_real_rank(args, *, gpu: str = "cpu", all_micro_batches: bool = False
     the dry run measures a role (tests/test_dry_run.py compares the two)."""
     world = torch.distributed.get_world_size()
     setup = configure(args, lambda line: None)
-    plan = make_plan(args, recipe="real", nodes=1, gpus_per_node=world, gpu=gpu)
-    local = stage_estimates(setup.config, setup.layout, dp=plan.dp, micro_batch_size=args.micro_batch_size,
+    plan = planner.make_plan(args, recipe="real", nodes=1, gpus_per_node=world, gpu=gpu)
+    local = planner.stage_estimates(setup.config, setup.layout, dp=plan.dp, micro_batch_size=args.micro_batch_size,
                             num_microbatches=setup.num_micro, seq_length=args.seq_length, vocab_size=plan.vocab_size,
                             bf16=setup.bf16, distributed_optimizer=setup.dist_opt, recompute=args.recompute_granularity,
                             activation_bytes=2 if setup.bf16 else 4, backend="local")
@@ -370,14 +370,14 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
                 report.failure, report.usage_error = str(err).replace("\n ", "").replace("\n", "; "), True
                 return report
             report.layout = setup.layout.describe(world)
-            plan = make_plan(args, recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu)
+            plan = planner.make_plan(args, recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu)
             if not plan.stages:
                 report.failure = "the planner refuses this layout: " + "; ".join(plan.errors)
                 return report
             if plan.errors:
                 report.notes.append("the plan on the target GPU is not OK: " + "; ".join(plan.errors))
             act_bytes = 2 if setup.bf16 else 4
-            local = stage_estimates(setup.config, setup.layout, dp=plan.dp, micro_batch_size=args.micro_batch_size,
+            local = planner.stage_estimates(setup.config, setup.layout, dp=plan.dp, micro_batch_size=args.micro_batch_size,
                                     num_microbatches=setup.num_micro, seq_length=args.seq_length,
                                     vocab_size=plan.vocab_size, bf16=setup.bf16, distributed_optimizer=setup.dist_opt,
                                     recompute=args.recompute_granularity, activation_bytes=act_bytes,
