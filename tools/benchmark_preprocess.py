@@ -46,7 +46,9 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.data.tokenizer import load_tokenizer
+from megatron_sat.data.corpus import default_corpus_documents, write_default_corpus
+from megatron_sat.data.shards import merge_datasets
+from megatron_sat.data.tokenizer import load_tokenizer, train_bpe_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SHIM = """import typing
@@ -70,8 +72,6 @@ if __name__ == "__main__":
 
 def make_input(path: str, size_mb: float, seed: int = 0) -> int:
     """Write about size_mb MB of jsonl; returns the number of documents."""
-    from megatron_sat.data.corpus import default_corpus_documents
-
     texts = [t for _, t in default_corpus_documents()]
     rng = random.Random(seed)
     target, written, n = int(size_mb * 1e6), 0, 0
@@ -100,7 +100,7 @@ def split_input(data: str, folder: str, parts: int, parquet: bool) -> None:
         with open(os.path.join(folder, "jsonl", f"part{k:03d}.jsonl"), "wb") as f:
             f.writelines(part)
         if parquet:
-            import pyarrow as pa
+            import pyarrow as pa  # the hf extra: only for the parquet rows
             import pyarrow.parquet as pq
 
             os.makedirs(os.path.join(folder, "parquet"), exist_ok=True)
@@ -109,9 +109,6 @@ def split_input(data: str, folder: str, parts: int, parquet: bool) -> None:
 
 
 def make_tokenizer(folder: str, vocab_size: int) -> str:
-    from megatron_sat.data.corpus import write_default_corpus
-    from megatron_sat.data.tokenizer import train_bpe_tokenizer
-
     if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
         info = write_default_corpus(os.path.join(folder, "raw"))
         train_bpe_tokenizer([info.path], vocab_size, folder)
@@ -149,8 +146,6 @@ def same_bytes(a: str, b: str) -> bool:
 
 
 def join_datatrove(out_dir: str, parts: int, prefix: str) -> str:
-    from megatron_sat.data.shards import merge_datasets
-
     merge_datasets([os.path.join(out_dir, f"{k:05d}_tokens") for k in range(parts)], prefix)
     return prefix
 

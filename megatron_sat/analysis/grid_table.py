@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Dict, List
 
 from megatron_sat.analysis import scaling
+from megatron_sat.analysis.evaluation import SUITES
 from megatron_sat.archs import ARCHS
 
 REFERENCES = ("transformer", "resformer")  # the differences the paper reports
@@ -234,8 +235,6 @@ def _diff(d):
 
 
 def _eval_tables(s) -> List[str]:
-    from megatron_sat.analysis.evaluation import SUITES
-
     keys = sorted({k for a in s["cells"].values() for c in a.values() for k in c["evals"]})
     if not keys:
         return []

@@ -662,8 +662,6 @@ def _is_number(x: str) -> bool:
 
 def eval_tasks_errors(args: argparse.Namespace) -> List[str]:
     """What --eval-tasks and its companions refuse (checked before anything is built)."""
-    import importlib.util
-
     companions = [f"--{k.replace('_', '-')}" for k in ("eval_tasks_interval", "eval_tasks_limit",
                                                        "eval_tasks_include_path", "eval_tasks_batch_size")
                   if getattr(args, k)]
