@@ -88,12 +88,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import ffn_size
-from megatron_sat.model import fused_gate
 from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
 from megatron_sat.model.sizes import count_parameters
-from megatron_sat.parallel.layout import validate
 from megatron_sat.training.arguments import recipe_args
-from megatron_sat.training.setup import model_config, precision_and_layout
 from recipes.paper import cluster
 
 GIB = 1024 ** 3
@@ -221,6 +218,11 @@ def padded_vocab_size(vocab_size: int, args, tp: int) -> int:
 
 def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: float = DEFAULT_MFU) -> Plan:
     """Validate and size the run described by trainer arguments `args` on nodes x gpus_per_node `gpu`s."""
+    # torch and megatron-core (4 s) only when a plan is made: plan_layout, dry_run and submit_grid read this
+    # module's tables before parsing their arguments, and --help and bad input must answer at once
+    from megatron_sat.parallel.layout import validate
+    from megatron_sat.training.setup import model_config, precision_and_layout
+
     errors = []
     if gpu not in GPU_MEMORY_GIB:
         errors.append(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GIB)}")
@@ -275,6 +277,8 @@ def _chunk_layers(num_layers: int, chunks: int) -> List[range]:
 def _layer_params(cfg, layer: int, t: int) -> Tuple[float, float]:
     """(TP-sharded over all TP ranks, replicated on each) parameters of global layer `layer`, exactly as built
     (megatron_sat.model.sizes.count_parameters, layer by layer: which layers mix V1, depth-grown connections)."""
+    from megatron_sat.model import fused_gate  # torch (1 s): not at import (see make_plan)
+
     h, hn, nq, ng = cfg.hidden_size, cfg.kv_channels, cfg.num_attention_heads, cfg.num_query_groups
     sharded = h * (nq + 2 * ng) * hn + nq * hn * h + h * ffn_size(cfg, layer) * (3 if cfg.gated_linear_unit else 2)
     replicated = 2 * h + (2 * hn if cfg.qk_layernorm else 0)  # input and pre-MLP norms, q and k norms
@@ -414,6 +418,8 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     if backend == "local":  # the CPU's flash SDPA keeps its own output and the fp32 log-sum-exp, not the scores
         scores = act * s * b * a * d / t + 4 * s * b * a / t
     extra = act * s * b * g / t if cfg.arch == "satformer" else 0.0
+
+    from megatron_sat.model import fused_gate  # torch (1 s): not at import (see make_plan)
 
     fused = cfg.arch == "satformer" and fused_gate.applies(cfg, t)
 
