@@ -25,8 +25,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the fake groups' teardo
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.profiling.dry_run import ACTIVATION_TOLERANCE, DEFAULT_TOLERANCE, dry_run_recipe
-from megatron_sat.training.planner import GPU_MEMORY_GIB, load_recipes
+from megatron_sat.training.planner import ACTIVATION_TOLERANCE, DEFAULT_TOLERANCE, GPU_MEMORY_GIB, load_recipes
 
 
 def main(argv=None) -> int:
@@ -44,6 +43,8 @@ def main(argv=None) -> int:
                         help="run every micro-batch of the step, not only the fewest that run every schedule phase")
     opts, overrides = parser.parse_known_args(argv)
     load_recipes()
+    from megatron_sat.profiling.dry_run import dry_run_recipe  # megatron-core and torch: after parsing (5 s)
+
     try:
         report = dry_run_recipe(opts.recipe, overrides, nodes=opts.nodes, gpus_per_node=opts.gpus_per_node,
                                 gpu=opts.gpu, tolerance=opts.tolerance, activation_tolerance=opts.activation_tolerance,

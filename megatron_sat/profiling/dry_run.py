@@ -53,8 +53,8 @@ from megatron_sat.training.step import gpt_forward_step, run_forward_backward, s
 from megatron_sat.training.trainer import UsageError, configure
 from recipes.paper import cluster
 
-DEFAULT_TOLERANCE = 0.01  # relative: Megatron pads its gradient buffers and optimizer shards (measured at most 0.004%)
-ACTIVATION_TOLERANCE = 0.03  # relative: saved activations against the planner (measured -2.8% .. +2.4%, docs/dry_run.md)
+DEFAULT_TOLERANCE = planner.DEFAULT_TOLERANCE
+ACTIVATION_TOLERANCE = planner.ACTIVATION_TOLERANCE
 
 
 class DryRunError(RuntimeError):
