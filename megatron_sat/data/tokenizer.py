@@ -35,6 +35,12 @@ EOD_TOKEN = "<|endoftext|>"
 _EOD_CANDIDATES = (EOD_TOKEN, "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 
 
+def _file_eod(raw, eod_token: Optional[str]) -> Optional[str]:
+    """The end-of-document token of a bare tokenizers JSON file: the one asked for, else the first usual one."""
+    vocab = raw.get_vocab(with_added_tokens=True)
+    return eod_token or next((t for t in _EOD_CANDIDATES if t in vocab), None)
+
+
 class Tokenizer:
     """A Hugging Face tokenizer with the interface Megatron's GPT datasets need.
 
@@ -197,9 +203,8 @@ def plain_tokenizer(name: str, eod_token: Optional[str] = None) -> Optional[Toke
             raw = RawTokenizer.from_file(name)
         except Exception:  # noqa: BLE001 (load_tokenizer's transformers path reports it)
             return None
-        vocab = raw.get_vocab(with_added_tokens=True)
-        eos = eod_token or next((t for t in _EOD_CANDIDATES if t in vocab), None)
-        return TokenizersOnly(raw, eos, None, None) if eos in vocab else None
+        eos = _file_eod(raw, eod_token)
+        return TokenizersOnly(raw, eos, None, None) if eos is not None and raw.token_to_id(eos) is not None else None
     folder_files = set(os.listdir(name)) if os.path.isdir(name) else set()
     if not {"tokenizer.json", "tokenizer_config.json"} <= folder_files or folder_files & {
             "special_tokens_map.json", "added_tokens.json", "tokenizer.model"}:
@@ -266,8 +271,7 @@ def load_tokenizer(name_or_path: str, eod_token: Optional[str] = None, plain: bo
                 f"(tokenizer.json) or a tokenizer folder ({type(e).__name__}: {e})"
             ) from None
         if eod_token is None:
-            vocab = raw.get_vocab()
-            eod_token = next((t for t in _EOD_CANDIDATES if t in vocab), None)
+            eod_token = _file_eod(raw, None)
             if eod_token is None:
                 raise ValueError(
                     f"tokenizer file {name} has none of the usual end-of-document tokens "
