@@ -20,10 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import BASELINES
 from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, unnamed_dests
+from megatron_sat.training.planner import format_tokens, make_plan  # light: megatron-core only inside make_plan
 from recipes.paper import cluster, recipe_name
-
-# training/planner.py is imported inside build and table, not here: it loads megatron-core (seconds of start-up),
-# which resolve (slurm/launch.sh's --resolve at every job start) does not need
 
 NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spelled out in the name
 CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "time")  # an entry's cluster shape; the command line overrides it
@@ -76,8 +74,6 @@ def build(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int], tra
           cluster_overrides: Optional[dict] = None, mfu: float = 0.40) -> Tuple[List[dict], Dict[tuple, List[dict]]]:
     """(rows, groups): every entry with its flags, run name, cluster, plan and arguments, and the entries grouped
     into job arrays by cluster shape, keyed (scale, nodes, GPUs per node, GPU kind, time limit)."""
-    from megatron_sat.training.planner import make_plan  # megatron-core: see the imports above
-
     overrides = {k: v for k, v in (cluster_overrides or {}).items() if k in CLUSTER_KEYS and v is not None}
     rows = []
     for e in entries(archs, scales, seeds):
@@ -101,8 +97,6 @@ def _hours(h: Optional[float]) -> str:
 
 def table(rows: List[dict]) -> str:
     """The grid as a text table (one line per entry: size, layout, memory, GPU hours, run folder) and its total."""
-    from megatron_sat.training.planner import format_tokens  # megatron-core: see the imports above
-
     head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
             "run folder"]
     lines = []
