@@ -38,6 +38,7 @@ What it does (Slurm 22.05 from Debian, set up by hand without systemd):
 
 import atexit
 import os
+import random
 import re
 import shutil
 import signal
@@ -304,6 +305,9 @@ class SlurmCluster:
         r = self.root
         lines = [
             "ClusterName=msat",
+            # job ids from a random start: slurm/launch.sh derives MASTER_PORT from the job id, so two clusters on
+            # one machine (two test sessions at once) would otherwise give their first jobs the same port
+            f"FirstJobId={random.randrange(1, 15000)}",
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",  # a multi-node cluster gives each node a Port= of its own
