@@ -11,6 +11,8 @@ megatron_sat backend (tools/evaluate.py --checkpoint) is checked on trainer chec
 (tests/workers/lm_eval_backend.py). Skipped when lm-eval is not installed (pip install "lm-eval[hf]==0.4.13").
 """
 
+import glob
+import inspect
 import json
 import os
 import shutil
@@ -42,6 +44,7 @@ sys.path.insert(0, os.path.join(HERE, "workers"))
 sys.path.insert(0, REPO)
 from conversion import write_tiny_export  # noqa: E402
 
+from megatron_sat.analysis import lm_eval_cli  # noqa: E402
 from tools.evaluate import main  # noqa: E402
 
 
@@ -85,6 +88,82 @@ def test_evaluate_cli_offline(export, tmp_path):
     assert summary["averages"]["all"]["complete"] is False  # no_such_task did not run
     md = (out / "results.md").read_text()
     assert "| megatron_sat_tiny_mc | acc |" in md and "Skipped" in md and md in r.stdout
+
+
+def _lm_eval_results(folder):
+    """{(task, metric): value} of the one results_<time>.json lm-eval wrote under folder/<model name>/."""
+    (path,) = glob.glob(os.path.join(folder, "*", "results_*.json"))
+    results = json.load(open(path))["results"]
+    return {(t, k.split(",")[0]): v for t, m in results.items() for k, v in m.items()
+            if "," in k and "_stderr" not in k and isinstance(v, (int, float))}
+
+
+def test_lm_eval_form_as_typed(export, tmp_path, monkeypatch, capsys):
+    """megatron-sat-evaluate with lm-eval's command line (run subcommand, short options, space-separated
+    --model_args): lm-eval's own CLI runs it, with the scores of this project's form on the same tasks."""
+    monkeypatch.chdir(TASKS)  # lm-eval's form: relative data_files are read from the working directory, as lm-eval does
+    out = tmp_path / "lm_eval"
+    assert main(["run", "-b", "2", "-o", str(out), "--model", "hf", "--model_args", f"pretrained={export}",
+                 "trust_remote_code=True", "-t", "megatron_sat_tiny_mc,megatron_sat_tiny_gen", "--include_path", TASKS,
+                 "--device", "cpu", "-s", "--seed", "1234", "--gen_kwargs", "max_gen_toks=3", "-L", "6",
+                 "-f", "0"]) == 0
+    assert "|megatron_sat_tiny_mc" in capsys.readouterr().out.replace(" ", "")  # lm-eval's own table
+    scores = _lm_eval_results(out)
+    today = evaluate(export, ["megatron_sat_tiny_mc", "megatron_sat_tiny_gen"], include_paths=[TASKS], batch_size=2,
+                     log=lambda *a: None)
+    assert scores == {(r["task"], r["metric"]): r["value"] for r in today["table"]}
+    assert scores[("megatron_sat_tiny_mc", "acc")] == pytest.approx(expected_accuracy(export), abs=1e-9)
+    assert len(glob.glob(os.path.join(out, "*", "samples_megatron_sat_tiny_mc_*.jsonl"))) == 1  # -s
+
+
+def test_lm_eval_form_refusals(export, tmp_path, capsys):
+    """megatron_sat --model_args: unknown keys and a missing checkpoint are one line, exit 2 (before any model);
+    the project's form refuses --model_args keys it would not read."""
+    for argv, message in (
+            (["run", "--model", "megatron_sat", "--model_args", f"checkpoint={tmp_path}", "pretrained=x", "-t", "t"],
+             "--model_args pretrained: not an argument of the megatron_sat backend; it takes checkpoint, dtype"),
+            (["--model", "megatron_sat", "--model_args", "dtype=float32", "-t", "t"],
+             "--model megatron_sat needs --model_args checkpoint=RUN")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "hf", "--model_args", f"pretrained={export},revision=x", "--tasks", "t", "--output",
+              str(tmp_path / "o")])
+    assert e.value.code == 2 and "--model_args revision: this form reads only pretrained" in capsys.readouterr().err
+    from megatron_sat.analysis.lm_eval_backend import MegatronLM  # torch, megatron-core: only here
+    from megatron_sat.analysis.lm_eval_registration import MODEL_ARGS
+
+    with pytest.raises(ValueError, match="unknown model argument.s. bogus; it takes checkpoint"):  # plain lm_eval
+        MegatronLM(checkpoint=str(tmp_path), bogus=1)
+    params = set(inspect.signature(MegatronLM).parameters) - {"model", "tokenizer", "unknown"}
+    assert params == set(MODEL_ARGS)
+    assert lm_eval_cli._checkpoint_as_model_args(["run", "--checkpoint", "R", "-t", "x"]) == \
+        ["run", "-t", "x", "--model", "megatron_sat", "--model_args", "checkpoint=R"]
+    own = ("--checkpoint", "--output")
+    assert lm_eval_cli.is_lm_eval_form(["run", "--checkpoint", "R"], own)
+    assert not lm_eval_cli.is_lm_eval_form(["--checkpoint", "R", "--tasks", "x"], own)
+    assert not lm_eval_cli.is_lm_eval_form(["--model", export, "--tasks", "x"], own)
+    assert lm_eval_cli.is_lm_eval_form(["--model", "hf", "--tasks", "x"], own)
+    assert not lm_eval_cli.is_lm_eval_form(["--model", "no/such/dir", "--tasks", "x"], own)  # ours: a clear refusal
+
+
+def test_help_imports_no_torch():
+    """evaluate --help answers without torch or lm-eval (the device default is chosen after parsing); and an
+    interpreter of this install starts without importing lm-eval, while lm-eval's registry, once imported, knows
+    the megatron_sat backend (megatron_sat_lm_eval.pth, lm_eval_registration.py) without importing it."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tools.evaluate import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'lm_eval' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, REPO], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "megatron-sat-evaluate run --help" in r.stdout, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "False False"
+    code = ("import sys; print('lm_eval' in sys.modules)\n"
+            "from lm_eval.api.registry import model_registry as r\n"
+            "print('megatron_sat' in r, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.stdout.split() == ["False", "True", "False"], \
+        (r.stdout, r.stderr, "megatron_sat_lm_eval.pth missing from site-packages? reinstall: make venv")
 
 
 def test_unknown_tasks_refused():
@@ -185,6 +264,17 @@ def test_checkpoint_backend(tmp_path):
     assert {a for a, res in out.items() if isinstance(res, dict) and "hf_scores" in res} >= {"transformer",
                                                                                              "satformer"}
     assert out["denseformer"]["cli_code"] == 0
+    # plain lm-eval, as typed, on a run folder of the launch: the backend found through the installed .pth
+    # (megatron_sat_lm_eval.pth), the scores of evaluate(checkpoint=)
+    lm_eval = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "lm_eval"), "--model", "megatron_sat", "--model_args",
+         f"checkpoint={tmp_path / 'transformer'}", "--tasks", "megatron_sat_tiny_mc,megatron_sat_tiny_gen",
+         "--include_path", TASKS, "-b", "2", "-o", str(tmp_path / "plain")],
+        cwd=TASKS, capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")})
+    assert lm_eval.returncode == 0, lm_eval.stdout[-3000:] + lm_eval.stderr[-3000:]
+    assert _lm_eval_results(tmp_path / "plain") == {(r["task"], r["metric"]): r["value"]
+                                                    for r in out["transformer"]["scores"]}
 
 
 def test_checkpoint_cli_refusals(export, tmp_path, capsys):

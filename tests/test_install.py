@@ -132,6 +132,7 @@ def test_wheel_holds_every_module_and_data_file(wheel):
     scripts = re.findall(r"^(megatron-sat-[\w-]+) = ", entry_points, flags=re.M)
     assert {"megatron-sat-train", "megatron-sat-submit-grid", "megatron-sat-convert-to-hf",
             "megatron-sat-plan-layout", "megatron-sat-collect-grid", "megatron-sat-evaluate"} <= set(scripts)
+    assert b"lm_eval_registration" in zipfile.ZipFile(wheel).read("megatron_sat_lm_eval.pth")  # plain lm_eval's hook
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
     for need in ("megatron-core", "xxhash", "pyyaml"):
         assert re.search(rf"^Requires-Dist: {need}\b", metadata, flags=re.M | re.I), f"{need} is not declared"
@@ -141,6 +142,10 @@ def test_wheel_holds_every_module_and_data_file(wheel):
 
 def test_wheel_install_runs_outside_the_repository(wheel_venv, tmp_path):
     _smoke(wheel_venv, str(tmp_path / "work"))
+    # the wheel's megatron_sat_lm_eval.pth: plain lm_eval finds the backend (lm_eval_registration.py)
+    known = _run([str(wheel_venv), "-c", "from lm_eval.api.registry import model_registry as r; "
+                  "print(r.get('megatron_sat').__module__)"], str(tmp_path), _clean_env()).stdout
+    assert known.strip() == "megatron_sat.analysis.lm_eval_backend", known
 
 
 def test_container_install_script_keeps_torch(tmp_path):

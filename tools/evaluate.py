@@ -9,12 +9,23 @@ suite, or any tasks.
     python tools/evaluate.py --model hf/satformer --suite zeroshot --device cuda --batch-size 16 --output evals/z
     python tools/evaluate.py --model hf/satformer --tasks megatron_sat_tiny_mc --include-path tests/data/eval
 
-lm-eval's own command line works too: comma-separated --tasks, --output_path, --log_samples, --seed, --num_fewshot,
---limit, --batch_size, --include_path, and --model hf --model_args pretrained=DIR[,dtype=...]:
+lm-eval's command line, as typed, goes to lm-eval's own CLI (every flag and form of lm-eval 0.4.13: the `run`, `ls`
+and `validate` subcommands, -b -o -s -L -f -C -t, --model_args k=v k2=v2, --gen_kwargs, --apply_chat_template,
+--trust_remote_code, --write_out, --use_cache, --wandb_args, ...) with the megatron_sat backend registered and the
+shipped task folder searched (megatron_sat/analysis/lm_eval_cli.py). It is lm-eval's form when the line starts with
+a subcommand, or uses none of this tool's own flags and names an lm-eval model (--model hf, --model megatron_sat,
+--model_args ...); `megatron-sat-evaluate run --help` shows lm-eval's options:
 
-    python tools/evaluate.py --model hf --model_args pretrained=hf/satformer --tasks piqa,hellaswag \
-        --num_fewshot 0 --batch_size 8 --output_path evals --log_samples --seed 1234
+    megatron-sat-evaluate run --model hf --model_args pretrained=hf/satformer trust_remote_code=True \
+        -t piqa,hellaswag -f 0 -b 8 -o evals -s --seed 1234
     # evals/<model path, sanitized>/results_<time>.json and samples_<task>_<time>.jsonl, lm-eval's layout
+    megatron-sat-evaluate run --model megatron_sat --model_args checkpoint=runs/satformer -t piqa -b 8 -o evals
+    megatron-sat-evaluate run --checkpoint runs/satformer -t piqa -b 8 -o evals     # the same
+    lm_eval --model megatron_sat --model_args checkpoint=runs/satformer -t piqa     # lm-eval itself, once installed
+
+This tool's own form also takes lm-eval's spellings --tasks a,b, --output_path, --log_samples, --seed, --num_fewshot,
+--batch_size, --include_path and --model hf --model_args pretrained=DIR[,dtype=...,max_length=...] (other keys:
+exit 2) when mixed with its own flags (--checkpoint, --suite, --output, ...).
 
 --model takes an export (lm-eval's HF backend); --checkpoint takes a trainer run folder or one of its
 iter_XXXXXXX folders, any arch and any saved layout, evaluated with no conversion by the megatron_sat
@@ -36,13 +47,24 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # light: lm-eval and torch are imported inside evaluation's functions, so --help and bad input answer at once
+# (tests/test_evaluate.py::test_help_imports_no_torch)
+from megatron_sat.analysis import lm_eval_cli  # noqa: E402
 from megatron_sat.analysis.evaluation import SUITES, EvaluationError, evaluate, to_markdown, write_results  # noqa: E402
 from megatron_sat.outputs import check_output  # noqa: E402
 from megatron_sat.parallel.world import world_from_env  # noqa: E402
 
+# the flags of this tool's own form that lm-eval's CLI does not have: any of them selects this form
+OWN_FLAGS = ("--checkpoint", "--suite", "--include-path", "--skip-missing", "--batch-size", "--dtype", "--num-fewshot",
+             "--max-length", "--output", "--tensor-model-parallel-size", "--no-verify-checkpoint")
+HF_MODEL_ARGS = ("pretrained", "dtype", "max_length", "trust_remote_code")  # --model hf --model_args in this form
+
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if lm_eval_cli.is_lm_eval_form(argv, OWN_FLAGS):
+        return lm_eval_cli.run(argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="lm-eval's own command line works as typed: megatron-sat-evaluate run --help")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="HF model folder (tools/convert_to_hf.py --output)")
     which.add_argument("--checkpoint", help="Megatron run folder or iter_XXXXXXX folder (any arch, no conversion)")
@@ -55,7 +77,7 @@ def main(argv=None) -> int:
     p.add_argument("--include-path", "--include_path", action="append", default=[], help="folder of extra task YAMLs")
     p.add_argument("--skip-missing", action="store_true", help="skip tasks lm-eval does not know")
     p.add_argument("--batch-size", "--batch_size", default="1")
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--device", default=None, help="cuda when there is one, else cpu")
     p.add_argument("--dtype", default="auto", help="auto (the model's / checkpoint's), float32, bfloat16")
     p.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1; debugging)")
     p.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None)
@@ -75,6 +97,7 @@ def main(argv=None) -> int:
                         "trainer's flag of that name)")
     args = p.parse_args(argv)
     _lm_eval_forms(p, args)
+    args.device = args.device or ("cuda" if _cuda() else "cpu")
     tasks = [t for s in args.suite for t in SUITES[s]] + [t.strip() for x in args.tasks for t in x.split(",")
                                                           if t.strip()]
     if not tasks:
@@ -131,6 +154,10 @@ def _lm_eval_forms(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
         if args.model != "hf":
             p.error("--model_args goes with --model hf (lm-eval's form); or pass the HF folder as --model DIR")
         fields = dict(kv.split("=", 1) for kv in args.model_args.split(",") if "=" in kv)
+        unknown = sorted(set(fields) - set(HF_MODEL_ARGS))
+        if unknown:
+            p.error(f"--model_args {', '.join(unknown)}: this form reads only {', '.join(HF_MODEL_ARGS)}; for any "
+                    f"argument of lm-eval's HF backend use lm-eval's form (megatron-sat-evaluate run --model hf ...)")
         if "pretrained" not in fields:
             p.error("--model_args needs pretrained=DIR (the Hugging Face model folder)")
         args.model = fields["pretrained"]

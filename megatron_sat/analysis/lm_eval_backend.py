@@ -39,6 +39,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
+from megatron_sat.analysis.lm_eval_registration import MODEL_ARGS
 from megatron_sat.conversion import megatron_io
 from megatron_sat.conversion.mapping import ConversionError
 from megatron_sat.data import load_tokenizer
@@ -117,7 +118,12 @@ class MegatronLM(TemplateLM):
 
     def __init__(self, checkpoint: Optional[str] = None, batch_size=1, max_length: Optional[int] = None,
                  dtype: str = "auto", max_gen_toks: int = 256, device=None, tensor_parallel: int = 1, *, model=None,
-                 tokenizer=None, verify_checkpoint: bool = True, **_):
+                 tokenizer=None, verify_checkpoint: bool = True, max_batch_size=None, trust_remote_code=None,
+                 **unknown):
+        # device, max_batch_size, trust_remote_code: what lm-eval's CLI passes to every backend; unused here
+        if unknown:  # lm_eval_registration.MODEL_ARGS lists these arguments for the command line
+            raise ValueError(f"megatron_sat: unknown model argument(s) {', '.join(sorted(unknown))}; it takes "
+                             f"{', '.join(MODEL_ARGS)}")
         super().__init__()
         if model is None:
             if not checkpoint:
