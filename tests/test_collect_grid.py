@@ -21,6 +21,7 @@ The Slurm tests skip (with the reason, naming `make slurm`) only when Slurm is n
 """
 
 import csv
+import glob
 import json
 import os
 import re
@@ -36,6 +37,8 @@ import pytest
 import train_cli
 from slurm_cluster import SlurmCluster
 from test_slurm import _start
+
+from megatron_sat.analysis import collect as collect_lib
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +231,17 @@ def test_other_data_is_flagged_and_kept_apart(local_run, tmp_path):
     assert "**Warning:** 1 complete run(s) used other data" in table and "mixed groups: transformer debug" in table
     assert re.search(r"\| transformer \| [\d.]+ ± [\d.]+ \(2\) \|", table), table  # a and b only
     assert "## Runs on other data (kept apart)" in table and "| c | transformer | debug | 3 |" in table
+    assert table.splitlines()[1].startswith("3 run(s) collected") and " from ../runs; " in table.splitlines()[1]
+    assert str(tmp_path) not in table  # the runs folder was given as an absolute path: named relative to --out
+
+
+def test_tables_name_the_runs_folder_relative():
+    """A published table never names the absolute path of the runs folder (docs/ladder/table_3seeds.md did)."""
+    assert collect_lib.runs_named(["/tmp/sweep/runs", "runs", "./a/../runs2"], "/tmp/sweep/out/ladder") == \
+        ["../../runs", "runs", "runs2"]
+    for table in glob.glob(os.path.join(ROOT, "docs", "ladder", "*.md")):
+        header = open(table).read().splitlines()[1]
+        assert re.search(r" from [^/ ][^ ]*; status", header), (table, header)
 
 
 @pytest.mark.slow  # the local_run fixture: a trainer run

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     try:
         if opts.out:
             for path in opts.runs:
-                check_output("--out", opts.out, {"RUNS_DIR": path})
+                check_output("--output", opts.out, {"RUNS_DIR": path})
         if opts.wait:
             grid.wait_for_sweep(opts.runs, opts.sweep, log)
         rows, pending, note = grid.read_runs(opts.runs, opts.sweep, stale_s=3600.0 * opts.stale_hours, log=log)

@@ -37,6 +37,12 @@ def _write(out: str, files: dict, figures) -> list:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def runs_named(runs: List[str], out: str) -> List[str]:
+    """The runs folders as a published table names them: a relative path as given, an absolute one relative to the
+    output folder (never the absolute path of the machine that collected them, e.g. a temporary folder)."""
+    return [os.path.relpath(r, os.path.abspath(out)) if os.path.isabs(r) else os.path.normpath(r) for r in runs]
+
+
 def write_results(out: str, rows: List[dict], pending: List[dict], note: Optional[str], *, runs: List[str],
                   sweep: Optional[str] = None, title: Optional[str] = None, fit_params: str = "non_embedding",
                   bootstrap: int = 300, log: Callable[[str], None] = lambda text: None):
@@ -58,7 +64,7 @@ def write_results(out: str, rows: List[dict], pending: List[dict], note: Optiona
     title = title or (f"Sweep {sweep}" if sweep else "Scaling grid")
     stamp = time.strftime("%Y-%m-%d %H:%M")
     table = grid_table.markdown(summary, title).replace(
-        "\n", f"\n{len(rows)} run(s) collected {stamp} from {', '.join(runs)}; status: "
+        "\n", f"\n{len(rows)} run(s) collected {stamp} from {', '.join(runs_named(runs, out))}; status: "
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "."
         + (f" {note}: final states of finished Slurm jobs are unknown." if note else "") + "\n", 1)
     fits = {k: summary[k] for k in ("fit_params", "main_data_id", "main_data", "scales", "archs", "multiplier",
