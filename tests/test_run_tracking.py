@@ -14,8 +14,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import train_cli
@@ -149,3 +151,51 @@ def test_bad_tensorboard_dir_exits_2(tmp_path, make, message):
                           timeout=300)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r").exists()
+
+
+# the trainer under a socket audit: every connect and name lookup made by its Python process (wandb's own service
+# runs in another process; gloo connects from C++), written to $AUDIT_OUT at exit
+_AUDITED_TRAIN = """
+import json, os, runpy, sys
+seen = []
+sys.addaudithook(lambda event, args: seen.append([event, repr(args[1] if event == "socket.connect" else args[0])])
+                 if event in ("socket.connect", "socket.getaddrinfo") else None)
+sys.argv = ["megatron_sat.train", *sys.argv[1:]]
+try:
+    runpy.run_module("megatron_sat.train", run_name="__main__", alter_sys=True)
+finally:
+    json.dump(seen, open(os.environ["AUDIT_OUT"], "w"))
+"""
+
+
+def test_wandb_server_that_does_not_answer_means_offline_with_one_warning(tmp_path):
+    """WANDB_MODE unset, no --wandb-mode, a wandb server (WANDB_BASE_URL, 127.0.0.1) that accepts connections and
+    never answers: wandb.init fails after its own init_timeout, the trainer warns once (what failed, how to sync)
+    and trains with wandb offline; its Python process opens no socket to anything but this machine and never looks
+    up the public wandb host (the socket probe it used to make)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held = []
+    threading.Thread(target=lambda: [held.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
+    env = {k: v for k, v in train_cli.env().items() if not k.startswith("WANDB_")}
+    env.update(WANDB_BASE_URL=f"http://127.0.0.1:{server.getsockname()[1]}", WANDB_API_KEY="0" * 40,
+               WANDB_INIT_TIMEOUT="5", AUDIT_OUT=str(tmp_path / "audit.json"))
+    folder = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", _AUDITED_TRAIN, "--recipe", "debug_satformer", "--train-iters", "3",
+                           "--log-interval", "1", "--no-progress-bar", "--wandb-project", "msat-test", "--save",
+                           str(folder)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    warnings = [line for line in out.splitlines() if "wandb did not start online" in line]
+    assert len(warnings) == 1, out[-4000:]
+    assert f"wandb sync {folder}/wandb/offline-run-*" in warnings[0] and "Error" in warnings[0], warnings[0]
+    assert held, "wandb never tried the server"
+    ident = json.loads((folder / "config.json").read_text())["wandb"]["id"]
+    (offline,) = offline_runs(str(folder))
+    assert offline["id"] == ident and [h["_step"] for h in offline["history"]] == [1, 2, 3]
+    seen = json.load(open(tmp_path / "audit.json"))
+    assert not [e for e in seen if "wandb.ai" in e[1]], seen
+    for event, addr in seen:
+        if event == "socket.connect" and addr.startswith("("):
+            assert addr.startswith(("('127.0.0.1'", "('localhost'", "('::1'")), (event, addr)

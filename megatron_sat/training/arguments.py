@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     g("--wandb-project", default=None)
     g("--wandb-exp-name", default=None)
     g("--wandb-mode", default=None, choices=["online", "offline", "disabled"],
-      help="default: online when api.wandb.ai is reachable, else offline")
+      help="default: $WANDB_MODE, else online (wandb's own settings: WANDB_BASE_URL, HTTPS_PROXY, WANDB_INIT_TIMEOUT); "
+           "offline with a warning when wandb cannot start online")
     g("--tensorboard-dir", default=None, metavar="DIR",
       help="also write TensorBoard event files to DIR (Megatron-LM's flag; the metrics.jsonl scalars; needs the "
            "tensorboard package)")

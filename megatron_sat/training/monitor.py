@@ -16,7 +16,9 @@ with {"step", "event": "end", "status": complete | stopped | failed, "reason", "
 memory}. config.json gets "scale", "sweep" ($MSAT_SWEEP), "non_embedding_parameters", "data_identity" (data
 path or blend, tokenizer, its vocabulary, the validation set's id from training/data.py) and "attempts" (one
 entry per start: time, step, host, pid, Slurm job; "restarts" = attempts - 1). wandb: the runs of a sweep
-form one group ($MSAT_SWEEP, else $WANDB_RUN_GROUP) with arch, scale and seed in their config.
+form one group ($MSAT_SWEEP, else $WANDB_RUN_GROUP) with arch, scale and seed in their config. Online or offline:
+--wandb-mode, else $WANDB_MODE, else online through wandb's own settings; offline with one warning when wandb
+cannot start online and no mode was asked for (start_wandb).
 
 One wandb run per run folder: config.json keeps "wandb": {"id", "name", "group"} from the first start, and every
 resumed start passes that id (resume="allow"), the same name (--wandb-exp-name, else the folder's name) and
@@ -62,12 +64,22 @@ def _fmt_time(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def _wandb_reachable(host: str = "api.wandb.ai", timeout: float = 2.0) -> bool:
+def start_wandb(wandb, mode: Optional[str], say, **init):
+    """(wandb run, mode): wandb.init in `mode` (--wandb-mode, else $WANDB_MODE; None: wandb's own default, online),
+    reaching the server through wandb's own settings ($WANDB_BASE_URL, $HTTPS_PROXY, $WANDB_INIT_TIMEOUT, ...). When
+    the user did not ask for a mode and wandb fails to start (no server answer within init_timeout, no API key, ...),
+    one warning naming the failure and the run logs offline instead, for `wandb sync` later. An explicit online
+    mode that fails stops the run with wandb's error."""
     try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
+        return wandb.init(mode=mode, **init), mode or "online"
+    except Exception as e:  # wandb's errors (CommError, UsageError, a timeout) have no common base we can rely on
+        if mode is not None:
+            raise
+        failure = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    wandb.teardown()  # the failed online run still holds its id in wandb's service; the offline run reuses the id
+    say(f"WARNING: wandb did not start online ({failure}); logging offline to {init['dir']}/wandb, upload later "
+        f"with `wandb sync {init['dir']}/wandb/offline-run-*` (or set WANDB_MODE=offline to skip the attempt)")
+    return wandb.init(mode="offline", **init), "offline"
 
 
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
@@ -217,15 +229,14 @@ class Monitor:
         import wandb  # optional (the train extra), seconds to import
 
         mode = self.args.wandb_mode or os.environ.get("WANDB_MODE")
-        if mode is None:
-            mode = "online" if _wandb_reachable() else "offline"
         if mode == "disabled":
             return
         ident = run_config["wandb"]
         config = dict(run_config, arch=run_config.get("arch"), scale=run_config.get("scale"),
                       seed=run_config.get("seed"))
-        self.wandb = wandb.init(project=self.args.wandb_project, id=ident["id"], name=ident["name"], mode=mode,
-                                dir=self.args.save, config=config, group=ident["group"], resume="allow")
+        self.wandb, mode = start_wandb(wandb, mode, self.print, project=self.args.wandb_project, id=ident["id"],
+                                       name=ident["name"], dir=self.args.save, config=config, group=ident["group"],
+                                       resume="allow")
         again = f", resumed after step {self.wandb_logged_to}" if self.wandb_logged_to else ""
         self.print(f"wandb: {mode} run {ident['id']} in {self.args.save}/wandb{again}")
 
