@@ -98,6 +98,7 @@ def _lm_eval_results(folder):
             if "," in k and "_stderr" not in k and isinstance(v, (int, float))}
 
 
+@pytest.mark.slow  # lm-eval's CLI indexes every task of lm-eval (as lm_eval itself does), plus a second evaluation
 def test_lm_eval_form_as_typed(export, tmp_path, monkeypatch, capsys):
     """megatron-sat-evaluate with lm-eval's command line (run subcommand, short options, space-separated
     --model_args): lm-eval's own CLI runs it, with the scores of this project's form on the same tasks."""

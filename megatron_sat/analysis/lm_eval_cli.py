@@ -35,8 +35,10 @@ def is_lm_eval_form(argv: Sequence[str], own_flags: Sequence[str]) -> bool:
     model = _value(argv, ("--model", "-M"))
     if model is None or os.path.isdir(model):
         return False
-    from lm_eval.api.registry import model_registry  # light (no torch); optional: the eval extra
-
+    try:
+        from lm_eval.api.registry import model_registry  # light (no torch); optional: the eval extra
+    except ImportError:  # no lm-eval: the project's form says what is missing
+        return False
     register()
     return model in model_registry
 
