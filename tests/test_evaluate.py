@@ -141,6 +141,13 @@ def test_lm_eval_form_refusals(export, tmp_path, capsys):
     assert params == set(MODEL_ARGS)
     assert lm_eval_cli._checkpoint_as_model_args(["run", "--checkpoint", "R", "-t", "x"]) == \
         ["run", "-t", "x", "--model", "megatron_sat", "--model_args", "checkpoint=R"]
+    with pytest.raises(SystemExit) as e:  # lm-eval's own parser answers: every flag of lm-eval's run
+        main(["run", "--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    for flag in ("--apply_chat_template", "--gen_kwargs", "--write_out", "--use_cache", "--wandb_args",
+                 "--trust_remote_code", "-b", "-o", "-s", "-L", "-f", "-C"):
+        assert f"{flag} " in help_text or f"{flag}," in help_text, flag
     own = ("--checkpoint", "--output")
     assert lm_eval_cli.is_lm_eval_form(["run", "--checkpoint", "R"], own)
     assert not lm_eval_cli.is_lm_eval_form(["--checkpoint", "R", "--tasks", "x"], own)
