@@ -294,6 +294,47 @@ def test_usr1_to_the_launchers_group_saves_on_every_rank(tmp_path):
 HANG_TIMEOUT_MIN = 0.25  # 15 s without progress
 
 
+def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more(tmp_path):
+    """docs/status.md: a stopped rank is named "within the timeout (15 s + one heartbeat)": the watchdog fires no
+    sooner than the timeout after the last progress and no later than one heartbeat (timeout / 10) after it. Timed
+    at a 3 s timeout on two bare watchdog processes (tests/workers/watchdog_rank.py): rank 0 stops making
+    progress as rank 1 is SIGSTOPped."""
+    from megatron_sat.training.watchdog import Watchdog
+
+    assert Watchdog(str(tmp_path), 0, 2, 60 * HANG_TIMEOUT_MIN).interval_s == 1.5  # the 15 s test's heartbeat
+    timeout = 3.0
+    heartbeat = Watchdog(str(tmp_path), 0, 2, timeout).interval_s
+    assert heartbeat == pytest.approx(0.3)
+    run = tmp_path / "run"
+    run.mkdir()
+    worker = os.path.join(ROOT, "tests", "workers", "watchdog_rank.py")
+    procs = [subprocess.Popen([sys.executable, worker, str(run), str(r), "2", str(timeout)], cwd=ROOT, env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        wait_for(lambda: all((run / ".watchdog" / f"rank_{r}.json").exists() for r in (0, 1)), procs[0],
+                 "both heartbeats")
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        (run / "stop").touch()
+        t_stop = time.time()
+        out, _ = procs[0].communicate(timeout=120)
+        took = time.time() - t_stop
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode == 75, out[-3000:]
+    assert "rank 1 stopped responding" in out and "rank 1 (" in out and "NOT RESPONDING" in out, out[-3000:]
+    progress_at = json.loads((run / ".watchdog" / "rank_0.json").read_text())["progress_at"]  # rank 0's last beat
+    fired = json.loads((run / ".watchdog" / "hang.json").read_text())
+    detected = fired["time"] - progress_at
+    print(f"named after {detected:.2f} s without progress (timeout {timeout} s, heartbeat {heartbeat} s); "
+          f"the process ended {took:.2f} s after the stop")
+    assert fired["stopped"] == [1]
+    assert timeout < detected <= timeout + heartbeat + 0.1, detected  # 0.1 s: the watchdog thread's wake-up
+    assert took <= timeout + heartbeat + 5, took  # and rank 0 exits soon after (its report imports torch)
+
+
 def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
     run = tmp_path / "run"
     flags = ["--save-interval", "5", "--hang-timeout-minutes", HANG_TIMEOUT_MIN, "--distributed-timeout-minutes", "5"]
