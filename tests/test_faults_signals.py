@@ -166,6 +166,22 @@ def test_lr_changed_on_resume(runs, tmp_path):
     assert [got[s]["lr"] for s in (17, 18)] == pytest.approx([RECIPE_MIN_LR] * 2, rel=1e-12)
 
 
+def test_use_checkpoint_schedule_ignores_the_commands_lr_values(runs, tmp_path):
+    """--use-checkpoint-opt_param-scheduler with other --lr / --min-lr / --lr-warmup-iters on the command line: the
+    resumed run follows the checkpoint's schedule, so steps 9-16 have R's learning rates and R's losses exactly."""
+    r = runs["tmp"] / "R"
+    log = train(*BASE, "--save", tmp_path / "c", "--load", r, "--ckpt-step", "8", "--lr", "1e-2", "--min-lr", "1e-3",
+                "--lr-warmup-iters", "4", "--use-checkpoint-opt_param-scheduler")
+    assert "LR schedule: the checkpoint's (--use-checkpoint-opt_param-scheduler; ignored: --lr 0.01 (checkpoint: " \
+           "0.003), --min-lr 0.001 (checkpoint: 0.0003), --lr-warmup-iters 4 (checkpoint: 2))" in log, log[-3000:]
+    got, _ = metrics(tmp_path / "c")
+    ref, _ = metrics(r)
+    assert sorted(got) == list(range(9, 17))
+    for step in got:
+        assert got[step]["lr"] == pytest.approx(_cosine(step, RECIPE_LR, RECIPE_MIN_LR, 16), rel=1e-12), step
+        assert (got[step]["lr"], got[step]["loss"]) == (ref[step]["lr"], ref[step]["loss"]), step
+
+
 def test_an_import_resumes_under_a_recipe_with_other_lr_values(runs, tmp_path):
     def tool(*argv):
         proc = subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, env=env(), capture_output=True,
