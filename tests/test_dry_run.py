@@ -181,6 +181,38 @@ def test_a_wrong_planner_figure_fails(fake_world):
     assert re.search(r"\(-9\.0\d%, tolerance 3%\)", act["failure"]), act["failure"]  # about 1 / 1.1 - 1
 
 
+def test_the_tolerances_hold_in_both_directions():
+    """docs/dry_run.md: gradient buffer and optimizer state within 1 % of the plan (--tolerance), saved activations
+    within 3 % (--activation-tolerance), either way: a rank that builds more than the plan (the direction that runs
+    out of GPU memory) fails as one that builds less does; just inside either bound passes. check_role, the dry
+    run's comparison, on a role whose figures sit 0.1 % inside and 0.1 % outside each bound."""
+    from megatron_sat.profiling.dry_run import ACTIVATION_TOLERANCE, DEFAULT_TOLERANCE, RoleReport, check_role
+
+    assert (DEFAULT_TOLERANCE, ACTIVATION_TOLERANCE) == (0.01, 0.03)
+    plan = dict(params=1000, weights=4000, grads=4_000_000, optimizer=12_000_000, per_micro_batch=50_000_000,
+                message=(32, 2, 64))
+
+    def role(**scale):
+        return RoleReport(rank=3, pp_rank=1, tp_rank=1, dp_rank=0, chunks=["chunk 0: layers 2-3"], params=1000,
+                          param_bytes=4000, grad_bytes=round(plan["grads"] * scale.get("grads", 1.0)),
+                          optimizer_bytes=round(plan["optimizer"] * scale.get("optimizer", 1.0)),
+                          saved_per_micro_batch=[round(plan["per_micro_batch"] * scale.get("saved", 1.0)), 1],
+                          messages={("sends", (32, 2, 64), "bf16"): 2}, planned=plan)
+
+    assert check_role(role()) is None
+    for field, what, tol in (("grads", "gradient buffer", 0.01), ("optimizer", "optimizer state", 0.01),
+                             ("saved", "saved activations per micro-batch", 0.03)):
+        for sign in (+1, -1):
+            inside, outside = 1 + sign * (tol - 0.001), 1 + sign * (tol + 0.001)
+            assert check_role(role(**{field: inside})) is None, (field, inside)
+            failure = check_role(role(**{field: outside}))
+            assert failure and failure.startswith(f"rank 3 (PP 1, TP 1): {what} ") and \
+                f"({100 * (outside - 1):+.2f}%, tolerance {100 * tol:g}%)" in failure, (field, outside, failure)
+    # the tool's tolerances reach the check: 2 % over passes under --tolerance 0.03 and fails under the default
+    assert check_role(role(grads=1.02), tolerance=0.03) is None and check_role(role(grads=1.02)) is not None
+    assert check_role(role(saved=1.05), activation_tolerance=0.06) is None
+
+
 def test_the_tools():
     """tools/dry_run.py's exit statuses and submit_grid --check-layouts, at the debug size (three short processes)."""
     import subprocess
