@@ -154,6 +154,21 @@ def test_tokenizers_the_fast_path_cannot_reproduce_fall_back_with_a_note(tokeniz
     assert same_files(str(tmp_path / "trap_out"), str(tmp_path / "trap_slow"))
 
 
+def test_a_passed_self_check_is_cached_per_tokenizer(tokenizer, tmp_path):
+    """The cached pass belongs to one tokenizer: after the trained tokenizer passed (and its pass is cached), a second
+    tokenizer that differs from it only by the abc trap (structurally acceptable, wrong ids) gets the full check
+    with the cache on, is refused, and leaves no cached pass of its own."""
+    fast, note = fast_encoder(tokenizer)
+    assert fast is not None, note
+    cache = os.path.join(os.environ["XDG_CACHE_HOME"], "megatron_sat", "fastbpe")
+    passed = sorted(os.listdir(cache))
+    assert passed
+    trap = _edit(tokenizer.hf.backend_tokenizer.to_str(), str(tmp_path / "trap"), _abc_trap)
+    fast, note = fast_encoder(trap)  # use_cache=True, as preprocessing calls it
+    assert fast is None and "the ids of vocabulary token 'jqz' differ" in note, note
+    assert sorted(os.listdir(cache)) == passed
+
+
 def test_writer_equals_megatron_core_byte_for_byte(tmp_path):
     rng = numpy.random.default_rng(0)
     for dtype, top in ((numpy.uint16, 65499), (numpy.int32, 200_000)):
