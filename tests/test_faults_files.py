@@ -296,6 +296,21 @@ def test_corrupt_shard_refused_by_every_reader_unless_told(ref, tmp_path, capsys
     assert not (imported / ".run.lock").exists()
 
 
+def test_an_iteration_folder_is_verified_as_the_run_folder_is(ref, tmp_path, capsys):
+    """convert-to-hf --load RUN/iter_0000004 and evaluate --checkpoint RUN/iter_0000004 (an iteration folder, not the
+    latest, named directly) check that folder's manifest: a flipped byte there is refused (exit 2, one line)."""
+    run = _copy(ref, tmp_path)
+    shard = _first_distcp(run / "iter_0000004")
+    _flip(shard)
+    code, err = _tool_main("convert_to_hf", ["--load", run / "iter_0000004", "--output", tmp_path / "hf"], capsys)
+    lines = _errors(err)
+    assert code == 2 and len(lines) == 1 and f"{shard} does not match its checksum" in lines[0], err
+    assert "--no-verify-checkpoint" in lines[0] and not (tmp_path / "hf").exists()
+    code, err = _tool_main("evaluate", ["--checkpoint", run / "iter_0000004", "--tasks", "megatron_sat_tiny_mc",
+                                        "--include-path", TASKS, "--limit", "2", "--device", "cpu"], capsys)
+    assert code == 2 and f"{shard} does not match its checksum" in err, err
+
+
 def test_an_unfinished_checkpoint_is_never_offered_nor_read(ref, tmp_path, capsys):
     run = _copy(ref, tmp_path)
     os.remove(run / "latest_checkpointed_iteration.txt")
