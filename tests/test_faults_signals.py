@@ -310,6 +310,28 @@ def test_usr1_to_the_launchers_group_saves_on_every_rank(tmp_path):
 HANG_TIMEOUT_MIN = 0.25  # 15 s without progress
 
 
+def test_watchdog_heartbeat_period_off_switch_and_flag_bounds(tmp_path, capsys):
+    """docs/reliability_signals.md: the heartbeat is written every T/10, at most 5 s; --hang-timeout-minutes 0 turns
+    the watchdog off (>= 0 accepted, below refused); --distributed-timeout-minutes must be > 0."""
+    from megatron_sat.training.arguments import parse_args
+    from megatron_sat.training.watchdog import FOLDER, Watchdog
+
+    for timeout_s, period in ((15, 1.5), (49, 4.9), (50, 5.0), (51, 5.0), (600, 5.0)):
+        assert Watchdog(str(tmp_path), 0, 1, timeout_s).interval_s == pytest.approx(period), timeout_s
+    off = Watchdog(str(tmp_path / "off"), 0, 1, 0).start()
+    off.beat("step 1")
+    off.close()
+    assert not off.enabled and not (tmp_path / "off" / FOLDER).exists()  # off: no thread, nothing written
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    assert parse_args([*base, "--hang-timeout-minutes", "0"]).hang_timeout_minutes == 0
+    assert parse_args([*base, "--distributed-timeout-minutes", "0.01"]).distributed_timeout_minutes == 0.01
+    for flags in (["--hang-timeout-minutes", "-0.01"], ["--distributed-timeout-minutes", "0"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args([*base, *flags])
+        assert e.value.code == 2 and "--distributed-timeout-minutes must be > 0 and --hang-timeout-minutes >= 0" in \
+            capsys.readouterr().err, flags
+
+
 def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more(tmp_path):
     """docs/status.md: a stopped rank is named "within the timeout (15 s + one heartbeat)": the watchdog fires no
     sooner than the timeout after the last progress and no later than one heartbeat (timeout / 10) after it. Timed
