@@ -256,6 +256,25 @@ def test_train_samples_floors_to_whole_global_batches(tmp_path, capsys):
     assert "--train-samples 7 is less than one global batch (8): give at least 8" in err
 
 
+def test_megatron_lm_pairs_refused_at_one_layer_and_the_higher_layer_wins(tmp_path, capsys):
+    """docs/ecosystem.md: --train-samples with --train-iters at the same layer exits 2, else the higher layer wins (in
+    either direction); --lr-warmup-fraction with a non-zero --lr-warmup-iters at the same layer exits 2 (a zero one
+    does not), else the higher layer wins."""
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    both = tmp_path / "both.yaml"
+    both.write_text("train_iters: 4\ntrain_samples: 64\n")
+    assert "not both" in _refused([*base, "--config", str(both)], capsys)  # both in the file: one layer
+    samples = tmp_path / "samples.yaml"
+    samples.write_text("train_samples: 64\nlr_warmup_fraction: 0.25\n")
+    args = parse_args([*base, "--config", str(samples)])  # the file's over the recipe's train_iters 20, warmup 2
+    assert (args.train_iters, args.train_samples, args.lr_warmup_iters, args.lr_warmup_fraction) == (8, 64, 0, 0.25)
+    args = parse_args([*base, "--config", str(samples), "--train-iters", "5", "--lr-warmup-iters", "1"])
+    assert (args.train_iters, args.train_samples, args.lr_warmup_iters, args.lr_warmup_fraction) == (5, None, 1, None)
+    assert "not both" in _refused([*base, "--lr-warmup-iters", "1", "--lr-warmup-fraction", "0.1"], capsys)
+    args = parse_args([*base, "--lr-warmup-iters", "0", "--lr-warmup-fraction", "0.1"])
+    assert (args.lr_warmup_iters, args.lr_warmup_fraction) == (0, 0.1)
+
+
 def test_a_recipe_from_outside_the_repository(tmp_path, monkeypatch):
     (tmp_path / "eco_outside_recipes.py").write_text(
         "def tiny():\n    return dict(num_layers=3, hidden_size=48, num_attention_heads=4, train_iters=7, "
