@@ -213,6 +213,24 @@ def test_the_tolerances_hold_in_both_directions():
     assert check_role(role(saved=1.05), activation_tolerance=0.06) is None
 
 
+def test_roles_and_micro_batches_follow_the_documented_rule():
+    """docs/dry_run.md: the roles are every pipeline stage at TP 0, DP 0, plus the world's last rank with TP > 1; the
+    micro-batches are 1 without a pipeline, PP for 1F1B, and for interleaving the smallest multiple of PP whose
+    chunk passes (m x VPP) exceed stage 0's warm-up 2 (PP - 1) + (VPP - 1) PP; never more than the step's own."""
+    from megatron_sat.profiling.dry_run import role_ranks, schedule_micro_batches
+
+    assert role_ranks(1, 4, 2) == [0, 2, 4, 6] and role_ranks(2, 2, 1) == [0, 2, 3]
+    assert role_ranks(8, 2, 8) == [0, 64, 127] and role_ranks(4, 4, 8) == [0, 32, 64, 96, 127]
+    assert schedule_micro_batches(64, 1, None) == 1 and schedule_micro_batches(64, 4, None) == 4
+    assert schedule_micro_batches(3, 4, None) == 3  # the step's own 3
+    for pp, vpp, want in ((4, 2, 8), (4, 4, 8), (2, 2, 4), (8, 2, 16), (2, 4, 4)):
+        warm_up = 2 * (pp - 1) + (vpp - 1) * pp
+        m = schedule_micro_batches(512, pp, vpp)
+        assert m == want and m % pp == 0 and m * vpp > warm_up, (pp, vpp, m)
+        assert m == pp or (m - pp) * vpp <= warm_up, (pp, vpp, m)  # the smallest such multiple
+        assert schedule_micro_batches(want - 1, pp, vpp) == want - 1
+
+
 def test_the_tools():
     """tools/dry_run.py's exit statuses and submit_grid --check-layouts, at the debug size (three short processes)."""
     import subprocess
