@@ -496,6 +496,11 @@ def test_difference_intervals_are_welchs_under_unequal_noise_and_seed_counts():
             assert 2.0 <= d["df"] < 4.0 and d["significant"] == (d["high"] < 0 or d["low"] > 0)
     print(f"Welch interval, 3 vs 12 seeds, noise 0.1 vs 0.005: coverage {covered / draws:.4f} over {draws} draws")
     assert 0.93 <= covered / draws <= 0.97
+    # docs/sweeps_operations.md: no interval where a side has one seed; two seeds a side give one
+    one = grid_table.difference([2.9], [3.0, 3.1, 3.05])
+    assert one["diff"] == pytest.approx(-0.15) and (one["low"], one["high"], one["significant"]) == (None, None, None)
+    two = grid_table.difference([2.9, 2.92], [3.0, 3.1])
+    assert two["low"] < two["diff"] < two["high"] and two["df"] == pytest.approx(6.76 / 6.26, rel=1e-9)
 
 
 def test_multiplier_interval_from_the_seed_bootstrap_of_the_fits():
