@@ -20,7 +20,7 @@ pytest.importorskip("tiktoken", reason="needs the hf extra (tiktoken)")
 pytest.importorskip("tokenizers", reason="needs the hf extra (transformers, tokenizers)")
 
 from megatron_sat.data import default_corpus_documents, load_tokenizer, preprocess, train_bpe_tokenizer  # noqa: E402
-from megatron_sat.data.fastbpe import ADVERSARIAL, fast_encoder  # noqa: E402
+from megatron_sat.data.fastbpe import ADVERSARIAL, _cache_path, fast_encoder  # noqa: E402
 from megatron_sat.data.indexed import IndexWriter  # noqa: E402
 from megatron_sat.data.readers import Block, read_block  # noqa: E402
 
@@ -167,6 +167,15 @@ def test_a_passed_self_check_is_cached_per_tokenizer(tokenizer, tmp_path):
     fast, note = fast_encoder(trap)  # use_cache=True, as preprocessing calls it
     assert fast is None and "the ids of vocabulary token 'jqz' differ" in note, note
     assert sorted(os.listdir(cache)) == passed
+    # the sample is checked on every run, cached pass or not: with a pass cached for the trap (as a stale cache
+    # could hold), a sample holding 'jqz' is still refused
+    key = _cache_path(trap.hf.backend_tokenizer.to_str())
+    with open(key, "w") as f:
+        f.write("ok\n")
+    assert fast_encoder(trap, ["plain text"])[0] is not None  # the cached pass is taken: no vocabulary check
+    fast, note = fast_encoder(trap, ["plain text", "jqz and more"])
+    assert fast is None and "the ids of corpus document 2 of the sample differ" in note, note
+    os.remove(key)
 
 
 def test_writer_equals_megatron_core_byte_for_byte(tmp_path):
