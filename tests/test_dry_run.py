@@ -211,6 +211,14 @@ def test_the_tolerances_hold_in_both_directions():
     # the tool's tolerances reach the check: 2 % over passes under --tolerance 0.03 and fails under the default
     assert check_role(role(grads=1.02), tolerance=0.03) is None and check_role(role(grads=1.02)) is not None
     assert check_role(role(saved=1.05), activation_tolerance=0.06) is None
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    helped = subprocess.run([sys.executable, "tools/dry_run.py", "--help"], cwd=root, capture_output=True, text=True,
+                            timeout=120).stdout
+    assert "optimizer bytes (default 0.01)" in " ".join(helped.split()) and \
+        "activation bytes (default 0.03)" in " ".join(helped.split()), helped
 
 
 def test_roles_and_micro_batches_follow_the_documented_rule():

@@ -310,11 +310,12 @@ def test_usr1_to_the_launchers_group_saves_on_every_rank(tmp_path):
 HANG_TIMEOUT_MIN = 0.25  # 15 s without progress
 
 
-def test_watchdog_heartbeat_period_off_switch_and_flag_bounds(tmp_path, capsys):
+def test_watchdog_heartbeat_period_off_switch_and_flag_bounds(tmp_path, capsys, monkeypatch):
     """docs/reliability_signals.md: the heartbeat is written every T/10, at most 5 s; --hang-timeout-minutes 0 turns
-    the watchdog off (>= 0 accepted, below refused); --distributed-timeout-minutes must be > 0."""
+    the watchdog off (>= 0 accepted, below refused); --distributed-timeout-minutes must be > 0; the flight recorder
+    keeps 64 collectives (TORCH_FR_BUFFER_SIZE=64) unless that is set."""
     from megatron_sat.training.arguments import parse_args
-    from megatron_sat.training.watchdog import FOLDER, Watchdog
+    from megatron_sat.training.watchdog import FOLDER, Watchdog, enable_flight_recorder
 
     for timeout_s, period in ((15, 1.5), (49, 4.9), (50, 5.0), (51, 5.0), (600, 5.0)):
         assert Watchdog(str(tmp_path), 0, 1, timeout_s).interval_s == pytest.approx(period), timeout_s
@@ -322,6 +323,12 @@ def test_watchdog_heartbeat_period_off_switch_and_flag_bounds(tmp_path, capsys):
     off.beat("step 1")
     off.close()
     assert not off.enabled and not (tmp_path / "off" / FOLDER).exists()  # off: no thread, nothing written
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    enable_flight_recorder()  # the flight recorder keeps the last 64 collectives unless TORCH_FR_BUFFER_SIZE is set
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "64"
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "8")
+    enable_flight_recorder()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "8"
     base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
     assert parse_args([*base, "--hang-timeout-minutes", "0"]).hang_timeout_minutes == 0
     assert parse_args([*base, "--distributed-timeout-minutes", "0.01"]).distributed_timeout_minutes == 0.01
