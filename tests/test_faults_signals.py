@@ -376,8 +376,9 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
     print(f"named after {detected:.2f} s without progress (timeout {timeout} s, heartbeat {heartbeat} s); "
           f"the process ended {took:.2f} s after the stop")
     assert fired["stopped"] == [1]
-    assert timeout < detected <= timeout + heartbeat + 0.1, detected  # 0.1 s: the watchdog thread's wake-up
-    assert took <= timeout + heartbeat + 5, took  # and rank 0 exits soon after (its report imports torch)
+    # 0.25 s for the watchdog thread's wake-up on a loaded machine (less than one more heartbeat: a watchdog that
+    # waited two heartbeats past the timeout fails); the exit after the report (it imports torch) is not timed
+    assert timeout < detected <= timeout + heartbeat + 0.25, detected
 
 
 def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
