@@ -181,6 +181,64 @@ def test_a_wrong_planner_figure_fails(fake_world):
     assert re.search(r"\(-9\.0\d%, tolerance 3%\)", act["failure"]), act["failure"]  # about 1 / 1.1 - 1
 
 
+def test_the_tolerances_hold_in_both_directions():
+    """docs/dry_run.md: gradient buffer and optimizer state within 1 % of the plan (--tolerance), saved activations
+    within 3 % (--activation-tolerance), either way: a rank that builds more than the plan (the direction that runs
+    out of GPU memory) fails as one that builds less does; just inside either bound passes. check_role, the dry
+    run's comparison, on a role whose figures sit 0.1 % inside and 0.1 % outside each bound."""
+    from megatron_sat.profiling.dry_run import ACTIVATION_TOLERANCE, DEFAULT_TOLERANCE, RoleReport, check_role
+
+    assert (DEFAULT_TOLERANCE, ACTIVATION_TOLERANCE) == (0.01, 0.03)
+    plan = dict(params=1000, weights=4000, grads=4_000_000, optimizer=12_000_000, per_micro_batch=50_000_000,
+                message=(32, 2, 64))
+
+    def role(**scale):
+        return RoleReport(rank=3, pp_rank=1, tp_rank=1, dp_rank=0, chunks=["chunk 0: layers 2-3"], params=1000,
+                          param_bytes=4000, grad_bytes=round(plan["grads"] * scale.get("grads", 1.0)),
+                          optimizer_bytes=round(plan["optimizer"] * scale.get("optimizer", 1.0)),
+                          saved_per_micro_batch=[round(plan["per_micro_batch"] * scale.get("saved", 1.0)), 1],
+                          messages={("sends", (32, 2, 64), "bf16"): 2}, planned=plan)
+
+    assert check_role(role()) is None
+    for field, what, tol in (("grads", "gradient buffer", 0.01), ("optimizer", "optimizer state", 0.01),
+                             ("saved", "saved activations per micro-batch", 0.03)):
+        for sign in (+1, -1):
+            inside, outside = 1 + sign * (tol - 0.001), 1 + sign * (tol + 0.001)
+            assert check_role(role(**{field: inside})) is None, (field, inside)
+            failure = check_role(role(**{field: outside}))
+            assert failure and failure.startswith(f"rank 3 (PP 1, TP 1): {what} ") and \
+                f"({100 * (outside - 1):+.2f}%, tolerance {100 * tol:g}%)" in failure, (field, outside, failure)
+    # the tool's tolerances reach the check: 2 % over passes under --tolerance 0.03 and fails under the default
+    assert check_role(role(grads=1.02), tolerance=0.03) is None and check_role(role(grads=1.02)) is not None
+    assert check_role(role(saved=1.05), activation_tolerance=0.06) is None
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    helped = subprocess.run([sys.executable, "tools/dry_run.py", "--help"], cwd=root, capture_output=True, text=True,
+                            timeout=120).stdout
+    assert "optimizer bytes (default 0.01)" in " ".join(helped.split()) and \
+        "activation bytes (default 0.03)" in " ".join(helped.split()), helped
+
+
+def test_roles_and_micro_batches_follow_the_documented_rule():
+    """docs/dry_run.md: the roles are every pipeline stage at TP 0, DP 0, plus the world's last rank with TP > 1; the
+    micro-batches are 1 without a pipeline, PP for 1F1B, and for interleaving the smallest multiple of PP whose
+    chunk passes (m x VPP) exceed stage 0's warm-up 2 (PP - 1) + (VPP - 1) PP; never more than the step's own."""
+    from megatron_sat.profiling.dry_run import role_ranks, schedule_micro_batches
+
+    assert role_ranks(1, 4, 2) == [0, 2, 4, 6] and role_ranks(2, 2, 1) == [0, 2, 3]
+    assert role_ranks(8, 2, 8) == [0, 64, 127] and role_ranks(4, 4, 8) == [0, 32, 64, 96, 127]
+    assert schedule_micro_batches(64, 1, None) == 1 and schedule_micro_batches(64, 4, None) == 4
+    assert schedule_micro_batches(3, 4, None) == 3  # the step's own 3
+    for pp, vpp, want in ((4, 2, 8), (4, 4, 8), (2, 2, 4), (8, 2, 16), (2, 4, 4)):
+        warm_up = 2 * (pp - 1) + (vpp - 1) * pp
+        m = schedule_micro_batches(512, pp, vpp)
+        assert m == want and m % pp == 0 and m * vpp > warm_up, (pp, vpp, m)
+        assert m == pp or (m - pp) * vpp <= warm_up, (pp, vpp, m)  # the smallest such multiple
+        assert schedule_micro_batches(want - 1, pp, vpp) == want - 1
+
+
 def test_the_tools():
     """tools/dry_run.py's exit statuses and submit_grid --check-layouts, at the debug size (three short processes)."""
     import subprocess

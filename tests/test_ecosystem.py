@@ -27,9 +27,11 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from train_cli import ROOT, env, metrics, train
 from transformers import PreTrainedTokenizerFast
 
+from megatron_sat.training import schedule
 from megatron_sat.training.arguments import build_parser, parse_args
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "workers"))
@@ -215,6 +217,62 @@ def test_precedence_recipe_config_command_line(tmp_path):
     (tmp_path / "d.yaml").write_text(f"embedded_data: {tmp_path / 'corpus'}\n")
     args = parse_args(["--recipe", "debug_satformer", "--config", str(tmp_path / "d.yaml"), "--save", str(tmp_path / "s")])
     assert (args.mock_data, args.vocab_size, args.embedded_data) == (False, None, str(tmp_path / "corpus"))
+
+
+def test_the_command_lines_recipe_is_the_base_under_a_config_that_names_another(tmp_path, capsys):
+    """`--recipe A --config FILE` where FILE says `recipe: B`: A is the base layer (the command line's over the
+    file's), FILE's own values over A's; through parse_args and through --print-config."""
+    (tmp_path / "b.yaml").write_text("recipe: satformer_130M\nlr: 2.0e-3\n")
+    argv = ["--recipe", "debug_transformer", "--config", str(tmp_path / "b.yaml"), "--mock-data", "--vocab-size", "64",
+            "--save", str(tmp_path / "r")]
+    args = parse_args(argv)
+    assert (args.recipe, args.arch, args.num_layers, args.hidden_size, args.seq_length) == \
+        ("debug_transformer", "transformer", 4, 64, 32)  # A's, not satformer_130M's (satformer, 11, 768, 4096)
+    assert args.lr == 2e-3  # the file's value over A's 3e-3
+    with pytest.raises(SystemExit) as e:
+        parse_args([*argv, "--print-config"])
+    assert e.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (printed["recipe"], printed["arch"], printed["num_layers"], printed["lr"]) == \
+        ("debug_transformer", "transformer", 4, 2e-3)
+    # without --recipe on the command line, the file's recipe is the base
+    args = parse_args(["--config", str(tmp_path / "b.yaml"), "--mock-data", "--vocab-size", "64", "--save",
+                       str(tmp_path / "r")])
+    assert (args.recipe, args.arch, args.num_layers, args.lr) == ("satformer_130M", "satformer", 11, 2e-3)
+
+
+def test_train_samples_floors_to_whole_global_batches(tmp_path, capsys):
+    """docs/ecosystem.md: --train-samples N trains floor(N / global batch) iterations (Megatron-LM's rounding), the LR
+    decays over those iterations; fewer samples than one global batch exit 2. debug_satformer's global batch is 8.
+    --lr-warmup-fraction F warms up over F x the decay length, unrounded."""
+    base = ["--recipe", "debug_satformer", "--lr-warmup-iters", "0", "--save", str(tmp_path / "r")]
+    for samples, iters in ((8, 1), (15, 1), (16, 2), (23, 2), (24, 3), (31, 3)):  # floor: 15 -> 1, not 2
+        args = parse_args([*base, "--train-samples", str(samples)])
+        assert args.train_iters == iters, (samples, args.train_iters)
+        assert schedule.wanted(args)["lr_decay_steps"] == iters
+    args = parse_args([*base, "--train-samples", "31", "--lr-warmup-fraction", "0.3"])
+    assert (args.lr_warmup_iters, schedule.wanted(args)["lr_warmup_steps"]) == (0, pytest.approx(0.9, rel=1e-12))
+    err = _refused([*base, "--train-samples", "7"], capsys)
+    assert "--train-samples 7 is less than one global batch (8): give at least 8" in err
+
+
+def test_megatron_lm_pairs_refused_at_one_layer_and_the_higher_layer_wins(tmp_path, capsys):
+    """docs/ecosystem.md: --train-samples with --train-iters at the same layer exits 2, else the higher layer wins (in
+    either direction); --lr-warmup-fraction with a non-zero --lr-warmup-iters at the same layer exits 2 (a zero one
+    does not), else the higher layer wins."""
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    both = tmp_path / "both.yaml"
+    both.write_text("train_iters: 4\ntrain_samples: 64\n")
+    assert "not both" in _refused([*base, "--config", str(both)], capsys)  # both in the file: one layer
+    samples = tmp_path / "samples.yaml"
+    samples.write_text("train_samples: 64\nlr_warmup_fraction: 0.25\n")
+    args = parse_args([*base, "--config", str(samples)])  # the file's over the recipe's train_iters 20, warmup 2
+    assert (args.train_iters, args.train_samples, args.lr_warmup_iters, args.lr_warmup_fraction) == (8, 64, 0, 0.25)
+    args = parse_args([*base, "--config", str(samples), "--train-iters", "5", "--lr-warmup-iters", "1"])
+    assert (args.train_iters, args.train_samples, args.lr_warmup_iters, args.lr_warmup_fraction) == (5, None, 1, None)
+    assert "not both" in _refused([*base, "--lr-warmup-iters", "1", "--lr-warmup-fraction", "0.1"], capsys)
+    args = parse_args([*base, "--lr-warmup-iters", "0", "--lr-warmup-fraction", "0.1"])
+    assert (args.lr_warmup_iters, args.lr_warmup_fraction) == (0, 0.1)
 
 
 def test_a_recipe_from_outside_the_repository(tmp_path, monkeypatch):

@@ -220,6 +220,38 @@ def test_lock_heartbeat_and_slurm_restarts_in_process(tmp_path, monkeypatch):
     assert json.loads(lock_path.read_text()) == other
 
 
+def test_a_lock_younger_than_the_stale_age_is_held_and_an_older_one_taken_over(tmp_path):
+    """docs/reliability_files.md: on any host, a heartbeat older than 300 s (MEGATRON_SAT_LOCK_STALE_S) is stale;
+    the heartbeat period is 30 s (MEGATRON_SAT_LOCK_HEARTBEAT_S). A holder on another host whose heartbeat is
+    ten heartbeats old but 2 s younger than the stale age is refused; 2 s older than it, taken over."""
+    assert (run_lock.STALE_S, run_lock.HEARTBEAT_S) == (300.0, 30.0)  # the documented defaults (no env set here)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock_path = folder / run_lock.LOCK
+    other = dict(host="node-elsewhere", pid=4242, slurm_job=None, slurm_restart="0", started="then", token="t")
+    for age, taken in ((run_lock.STALE_S - 2, False), (run_lock.STALE_S + 2, True)):
+        assert age > 9 * run_lock.HEARTBEAT_S  # far more than one missed heartbeat either way
+        lock_path.write_text(json.dumps(other))
+        then = time.time() - age
+        os.utime(lock_path, (then, then))
+        said = []
+        if not taken:
+            with pytest.raises(run_lock.LockHeld, match=r"host node-elsewhere, pid 4242, since then; heartbeat 29[89] s"):
+                run_lock.RunLock(str(folder), said.append).acquire()
+            assert json.loads(lock_path.read_text()) == other and not said  # left alone
+            continue
+        lock = run_lock.RunLock(str(folder), said.append).acquire()
+        assert len(said) == 1 and "its heartbeat is 30" in said[0] and "(more than 300 s)" in said[0], said
+        assert json.loads(lock_path.read_text())["token"] == lock.token
+        lock.release()
+    # the two numbers come from the environment
+    code = "from megatron_sat.training import run_lock as r; print(r.STALE_S, r.HEARTBEAT_S)"
+    out = subprocess.run([sys.executable, "-c", code], env={**env(), "MEGATRON_SAT_LOCK_STALE_S": "45",
+                                                             "MEGATRON_SAT_LOCK_HEARTBEAT_S": "5"},
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.split() == ["45.0", "5.0"], out.stdout + out.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. every reader verifies; 8. never an unfinished checkpoint
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +294,21 @@ def test_corrupt_shard_refused_by_every_reader_unless_told(ref, tmp_path, capsys
           "--min-lr", "3e-4", "--train-iters", "8", expect=0)
     assert verify(str(imported / "iter_0000000"), collective=False)
     assert not (imported / ".run.lock").exists()
+
+
+def test_an_iteration_folder_is_verified_as_the_run_folder_is(ref, tmp_path, capsys):
+    """convert-to-hf --load RUN/iter_0000004 and evaluate --checkpoint RUN/iter_0000004 (an iteration folder, not the
+    latest, named directly) check that folder's manifest: a flipped byte there is refused (exit 2, one line)."""
+    run = _copy(ref, tmp_path)
+    shard = _first_distcp(run / "iter_0000004")
+    _flip(shard)
+    code, err = _tool_main("convert_to_hf", ["--load", run / "iter_0000004", "--output", tmp_path / "hf"], capsys)
+    lines = _errors(err)
+    assert code == 2 and len(lines) == 1 and f"{shard} does not match its checksum" in lines[0], err
+    assert "--no-verify-checkpoint" in lines[0] and not (tmp_path / "hf").exists()
+    code, err = _tool_main("evaluate", ["--checkpoint", run / "iter_0000004", "--tasks", "megatron_sat_tiny_mc",
+                                        "--include-path", TASKS, "--limit", "2", "--device", "cpu"], capsys)
+    assert code == 2 and f"{shard} does not match its checksum" in err, err
 
 
 def test_an_unfinished_checkpoint_is_never_offered_nor_read(ref, tmp_path, capsys):

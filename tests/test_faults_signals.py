@@ -166,6 +166,22 @@ def test_lr_changed_on_resume(runs, tmp_path):
     assert [got[s]["lr"] for s in (17, 18)] == pytest.approx([RECIPE_MIN_LR] * 2, rel=1e-12)
 
 
+def test_use_checkpoint_schedule_ignores_the_commands_lr_values(runs, tmp_path):
+    """--use-checkpoint-opt_param-scheduler with other --lr / --min-lr / --lr-warmup-iters on the command line: the
+    resumed run follows the checkpoint's schedule, so steps 9-16 have R's learning rates and R's losses exactly."""
+    r = runs["tmp"] / "R"
+    log = train(*BASE, "--save", tmp_path / "c", "--load", r, "--ckpt-step", "8", "--lr", "1e-2", "--min-lr", "1e-3",
+                "--lr-warmup-iters", "4", "--use-checkpoint-opt_param-scheduler")
+    assert "LR schedule: the checkpoint's (--use-checkpoint-opt_param-scheduler; ignored: --lr 0.01 (checkpoint: " \
+           "0.003), --min-lr 0.001 (checkpoint: 0.0003), --lr-warmup-iters 4 (checkpoint: 2))" in log, log[-3000:]
+    got, _ = metrics(tmp_path / "c")
+    ref, _ = metrics(r)
+    assert sorted(got) == list(range(9, 17))
+    for step in got:
+        assert got[step]["lr"] == pytest.approx(_cosine(step, RECIPE_LR, RECIPE_MIN_LR, 16), rel=1e-12), step
+        assert (got[step]["lr"], got[step]["loss"]) == (ref[step]["lr"], ref[step]["loss"]), step
+
+
 def test_an_import_resumes_under_a_recipe_with_other_lr_values(runs, tmp_path):
     def tool(*argv):
         proc = subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, env=env(), capture_output=True,
@@ -292,6 +308,77 @@ def test_usr1_to_the_launchers_group_saves_on_every_rank(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 HANG_TIMEOUT_MIN = 0.25  # 15 s without progress
+
+
+def test_watchdog_heartbeat_period_off_switch_and_flag_bounds(tmp_path, capsys, monkeypatch):
+    """docs/reliability_signals.md: the heartbeat is written every T/10, at most 5 s; --hang-timeout-minutes 0 turns
+    the watchdog off (>= 0 accepted, below refused); --distributed-timeout-minutes must be > 0; the flight recorder
+    keeps 64 collectives (TORCH_FR_BUFFER_SIZE=64) unless that is set."""
+    from megatron_sat.training.arguments import parse_args
+    from megatron_sat.training.watchdog import FOLDER, Watchdog, enable_flight_recorder
+
+    for timeout_s, period in ((15, 1.5), (49, 4.9), (50, 5.0), (51, 5.0), (600, 5.0)):
+        assert Watchdog(str(tmp_path), 0, 1, timeout_s).interval_s == pytest.approx(period), timeout_s
+    off = Watchdog(str(tmp_path / "off"), 0, 1, 0).start()
+    off.beat("step 1")
+    off.close()
+    assert not off.enabled and not (tmp_path / "off" / FOLDER).exists()  # off: no thread, nothing written
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    enable_flight_recorder()  # the flight recorder keeps the last 64 collectives unless TORCH_FR_BUFFER_SIZE is set
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "64"
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "8")
+    enable_flight_recorder()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "8"
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    assert parse_args([*base, "--hang-timeout-minutes", "0"]).hang_timeout_minutes == 0
+    assert parse_args([*base, "--distributed-timeout-minutes", "0.01"]).distributed_timeout_minutes == 0.01
+    for flags in (["--hang-timeout-minutes", "-0.01"], ["--distributed-timeout-minutes", "0"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args([*base, *flags])
+        assert e.value.code == 2 and "--distributed-timeout-minutes must be > 0 and --hang-timeout-minutes >= 0" in \
+            capsys.readouterr().err, flags
+
+
+def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more(tmp_path):
+    """docs/status.md: a stopped rank is named "within the timeout (15 s + one heartbeat)": the watchdog fires no
+    sooner than the timeout after the last progress and no later than one heartbeat (timeout / 10) after it. Timed
+    at a 3 s timeout on two bare watchdog processes (tests/workers/watchdog_rank.py): rank 0 stops making
+    progress as rank 1 is SIGSTOPped."""
+    from megatron_sat.training.watchdog import Watchdog
+
+    assert Watchdog(str(tmp_path), 0, 2, 60 * HANG_TIMEOUT_MIN).interval_s == 1.5  # the 15 s test's heartbeat
+    timeout = 3.0
+    heartbeat = Watchdog(str(tmp_path), 0, 2, timeout).interval_s
+    assert heartbeat == pytest.approx(0.3)
+    run = tmp_path / "run"
+    run.mkdir()
+    worker = os.path.join(ROOT, "tests", "workers", "watchdog_rank.py")
+    procs = [subprocess.Popen([sys.executable, worker, str(run), str(r), "2", str(timeout)], cwd=ROOT, env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        wait_for(lambda: all((run / ".watchdog" / f"rank_{r}.json").exists() for r in (0, 1)), procs[0],
+                 "both heartbeats")
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        (run / "stop").touch()
+        t_stop = time.time()
+        out, _ = procs[0].communicate(timeout=120)
+        took = time.time() - t_stop
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode == 75, out[-3000:]
+    assert "rank 1 stopped responding" in out and "rank 1 (" in out and "NOT RESPONDING" in out, out[-3000:]
+    progress_at = json.loads((run / ".watchdog" / "rank_0.json").read_text())["progress_at"]  # rank 0's last beat
+    fired = json.loads((run / ".watchdog" / "hang.json").read_text())
+    detected = fired["time"] - progress_at
+    print(f"named after {detected:.2f} s without progress (timeout {timeout} s, heartbeat {heartbeat} s); "
+          f"the process ended {took:.2f} s after the stop")
+    assert fired["stopped"] == [1]
+    # 0.25 s for the watchdog thread's wake-up on a loaded machine (less than one more heartbeat: a watchdog that
+    # waited two heartbeats past the timeout fails); the exit after the report (it imports torch) is not timed
+    assert timeout < detected <= timeout + heartbeat + 0.25, detected
 
 
 def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):

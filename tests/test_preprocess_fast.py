@@ -20,7 +20,7 @@ pytest.importorskip("tiktoken", reason="needs the hf extra (tiktoken)")
 pytest.importorskip("tokenizers", reason="needs the hf extra (transformers, tokenizers)")
 
 from megatron_sat.data import default_corpus_documents, load_tokenizer, preprocess, train_bpe_tokenizer  # noqa: E402
-from megatron_sat.data.fastbpe import ADVERSARIAL, fast_encoder  # noqa: E402
+from megatron_sat.data.fastbpe import ADVERSARIAL, _cache_path, fast_encoder  # noqa: E402
 from megatron_sat.data.indexed import IndexWriter  # noqa: E402
 from megatron_sat.data.readers import Block, read_block  # noqa: E402
 
@@ -152,6 +152,30 @@ def test_tokenizers_the_fast_path_cannot_reproduce_fall_back_with_a_note(tokeniz
         err.strip().splitlines()[-1]]
     preprocess([src], trap, str(tmp_path / "trap_slow"), workers=1, progress=False, fast_bpe=False)
     assert same_files(str(tmp_path / "trap_out"), str(tmp_path / "trap_slow"))
+
+
+def test_a_passed_self_check_is_cached_per_tokenizer(tokenizer, tmp_path):
+    """The cached pass belongs to one tokenizer: after the trained tokenizer passed (and its pass is cached), a second
+    tokenizer that differs from it only by the abc trap (structurally acceptable, wrong ids) gets the full check
+    with the cache on, is refused, and leaves no cached pass of its own."""
+    fast, note = fast_encoder(tokenizer)
+    assert fast is not None, note
+    cache = os.path.join(os.environ["XDG_CACHE_HOME"], "megatron_sat", "fastbpe")
+    passed = sorted(os.listdir(cache))
+    assert passed
+    trap = _edit(tokenizer.hf.backend_tokenizer.to_str(), str(tmp_path / "trap"), _abc_trap)
+    fast, note = fast_encoder(trap)  # use_cache=True, as preprocessing calls it
+    assert fast is None and "the ids of vocabulary token 'jqz' differ" in note, note
+    assert sorted(os.listdir(cache)) == passed
+    # the sample is checked on every run, cached pass or not: with a pass cached for the trap (as a stale cache
+    # could hold), a sample holding 'jqz' is still refused
+    key = _cache_path(trap.hf.backend_tokenizer.to_str())
+    with open(key, "w") as f:
+        f.write("ok\n")
+    assert fast_encoder(trap, ["plain text"])[0] is not None  # the cached pass is taken: no vocabulary check
+    fast, note = fast_encoder(trap, ["plain text", "jqz and more"])
+    assert fast is None and "the ids of corpus document 2 of the sample differ" in note, note
+    os.remove(key)
 
 
 def test_writer_equals_megatron_core_byte_for_byte(tmp_path):
