@@ -18,6 +18,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 from train_cli import ROOT, env
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -33,6 +34,15 @@ from tools.preprocess_data import main as preprocess_main  # noqa: E402
 
 TASKS = os.path.join(ROOT, "tests", "data", "eval")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_process_group():
+    """The tools run in this process set up a one-rank process group: gone again after this module if it made it."""
+    before = torch.distributed.is_initialized()
+    yield
+    if not before and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
