@@ -1,13 +1,19 @@
-# megatron-sat developer targets.  `make venv` builds .venv (fast on re-runs: a stamp file), `make test` runs the
-# linter (`make lint`, ruff, a second) and the whole test suite (what CI runs), `make test-fast` the linter and the
-# tests not marked slow (the edit-run loop), `make slurm` installs the local Slurm the Slurm tests start (Debian,
-# root; nothing when installed), `make demo` runs the demo recipe, `make clean` removes build outputs.
+# megatron-sat developer targets.  `make venv` builds .venv and .venv/transformers4 (fast on re-runs: stamp files),
+# `make test` runs the linter (`make lint`, ruff, a second) and the whole test suite (what CI runs), `make test-fast`
+# the linter and the tests not marked slow (the edit-run loop), `make slurm` installs the local Slurm the Slurm tests
+# start (Debian, root; nothing when installed), `make demo` runs the demo recipe, `make clean` removes build outputs.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 STAMP := $(VENV)/.megatron-sat-stamp
+# transformers 4.x installed aside (not importable from the venv): tests/test_conversion.py loads every arch's export
+# with it in a subprocess that puts this folder first on sys.path.  --no-deps with the exact versions it needs (the
+# venv's tokenizers and huggingface-hub are 5.x's), so no torch is pulled.
+T4 := $(VENV)/transformers4
+T4_STAMP := $(T4)/.megatron-sat-stamp
+T4_PACKAGES := transformers==4.57.1 tokenizers==0.22.1 huggingface-hub==0.36.0
 MCORE_VERSION ?= 0.19.2
 PYTEST_ARGS ?=
 TEST_TIMEOUT ?= 900
@@ -23,7 +29,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
 .PHONY: venv test test-fast lint slurm demo clean gpu-wheels
 
-venv: $(STAMP)
+venv: $(STAMP) $(T4_STAMP)
 
 # 1. create (or reuse) the venv; 2. the CPU torch (pinned by PIP_CONSTRAINT); 3. docker/install.sh, the same script
 #    the container runs: megatron-core and this package (editable, extras dev) without touching that torch.
@@ -32,6 +38,12 @@ $(STAMP): pyproject.toml setup.py constraints.txt Makefile docker/install.sh
 	$(PIP) install -q torch==2.13.0
 	PYTHON=$(VPY) MSAT_EXTRAS=dev MSAT_EDITABLE=1 bash docker/install.sh
 	@touch $(STAMP)
+
+$(T4_STAMP): $(STAMP)
+	rm -rf $(T4)
+	$(PIP) install -q --no-deps --target $(T4) $(T4_PACKAGES)
+	@test ! -e $(T4)/torch || { echo "make venv: $(T4) holds a torch: only $(T4_PACKAGES) belong there" >&2; exit 1; }
+	@touch $(T4_STAMP)
 
 lint: venv
 	$(VPY) -m ruff check .

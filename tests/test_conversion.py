@@ -37,6 +37,7 @@ REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "workers", "conversion.py")
 sys.path.insert(0, os.path.join(HERE, "workers"))
 from conversion import RESHARDED, SEQ, VARIANTS, tokens  # noqa: E402
+from transformers_versions import measure  # noqa: E402
 
 FOLDERS = ([(v, "HF_A") for v in VARIANTS] + [(v, "HF_C") for v in VARIANTS] + [(v, "HF_B") for v in RESHARDED]
            + [("satformer", "HF_B_vpp")])
@@ -231,6 +232,34 @@ def test_tokenizer_and_generation_config(built):
     assert tok("w1 w2")["input_ids"] == [3, 4] and tok.eos_token_id == 0
     assert GenerationConfig.from_pretrained(folder).eos_token_id == 0
     assert json.load(open(os.path.join(folder, "config.json")))["max_position_embeddings"] == SEQ
+
+
+TRANSFORMERS4 = os.path.join(sys.prefix, "transformers4")  # make venv: transformers 4.57.1 installed aside
+
+
+def test_exports_load_in_transformers_4(built, tmp_path):
+    """Every arch's export, tokenizer and model, loads in transformers 4.57 (a subprocess with it first on sys.path)
+    and computes what it computes in the venv's transformers 5: logits within 1e-5, the same greedy tokens."""
+    if not os.path.isdir(os.path.join(TRANSFORMERS4, "transformers")):
+        if os.environ.get("CI") == "true":  # in CI it must run, as MSAT_REQUIRE_SLURM makes the Slurm tests
+            pytest.fail(f"{TRANSFORMERS4} holds no transformers 4.x: make venv installs it")
+        pytest.skip(f"{TRANSFORMERS4} holds no transformers 4.x: run make venv")
+    folders = [os.path.join(built["root"], v, "HF_A") for v in VARIANTS]
+    out = tmp_path / "transformers4.pt"
+    r = subprocess.run([sys.executable, os.path.join(HERE, "workers", "transformers_versions.py"), TRANSFORMERS4,
+                        str(out), *folders], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    old, new = torch.load(out, weights_only=False), measure(folders)
+    assert old["version"] == "4.57.1" and old["file"].startswith(TRANSFORMERS4) and new["version"].startswith("5.")
+    for folder, variant in zip(folders, VARIANTS):
+        a, b = old[folder], new[folder]
+        assert a["tokenizer"] == "PreTrainedTokenizerFast" and a["model"] == b["model"], (variant, a["model"])
+        assert a["ids"] == b["ids"] == [3, 4, 5, 42, 127] and a["eos"] == b["eos"] == 0, variant
+        assert a["keys"] == b["keys"] == ["attention_mask", "input_ids"], variant  # no token_type_ids in 4.x
+        rel = ((a["logits"] - b["logits"]).abs().max() / b["logits"].abs().max()).item()
+        assert rel <= 1e-5, f"{variant}: transformers 4 vs 5 relative max logit difference {rel:.2e}"
+        assert torch.equal(a["greedy"], b["greedy"]), variant
+        assert "Loads in transformers >= 4.51, 4.x and 5.x alike" in open(os.path.join(folder, "README.md")).read()
 
 
 def test_tp2_pp2_checkpoints(built):

@@ -11,7 +11,9 @@ unfinished checkpoint (iter_XXXXXXX.tmp, a save in progress) is never read. The 
     transformers.AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True)
 SATFormer, ResFormer, DenseFormer, MUDDFormer, Hyper-Connections: the SATFormer authors' classes and
 names, modeling code in the folder; Transformer: transformers' Qwen3 (q/k norm eps set by a subclass).
-The tokenizer the run recorded is saved with it (or --tokenizer).
+The tokenizer the run recorded is saved with it (or --tokenizer), found from any working folder (config.json records
+its absolute path; for older runs a relative path is tried from the folder the run was launched in, then from here).
+A recorded tokenizer that cannot be found stops the export (exit 2, naming the paths tried) unless --no-tokenizer.
 The folder is written aside and moved into place when complete. Exit codes: 0 done, 2 bad input.
 """
 
@@ -30,7 +32,10 @@ def main(argv=None) -> int:
     p.add_argument("--output", required=True, help="HF folder to create")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights dtype (auto: as stored in the checkpoint)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer to save with it (default: the run's)")
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", default=None, help="tokenizer to save with it (default: the run's)")
+    tok.add_argument("--no-tokenizer", action="store_true",
+                     help="export the model without a tokenizer (where the run's cannot be found)")
     p.add_argument("--max-shard-size-mb", type=int, default=5120, help="split safetensors above this size")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--verify", action="store_true", help="compare the logits of both models on random tokens")
@@ -47,7 +52,8 @@ def main(argv=None) -> int:
     try:
         info = export_checkpoint(args.load, args.output, dtype=args.dtype, overwrite=args.overwrite,
                                  tokenizer=args.tokenizer, max_shard_bytes=args.max_shard_size_mb * 1024 * 1024,
-                                 verify=args.verify, verify_checkpoint=args.verify_checkpoint)
+                                 verify=args.verify, verify_checkpoint=args.verify_checkpoint,
+                                 no_tokenizer=args.no_tokenizer)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -47,6 +47,7 @@ from megatron_sat.model.gpt import build_model
 from megatron_sat.parallel.layout import Layout, initialize
 from megatron_sat.parallel.process_group import init_from_env
 from megatron_sat.parallel.world import world_from_env
+from megatron_sat.training import run_paths
 from megatron_sat.training.arguments import build_parser
 from megatron_sat.training.setup import model_config
 
@@ -90,11 +91,19 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
                         rotary_base=args.rotary_base,
                         share_embeddings_and_output_weights="output_layer.weight" not in metadata)[0]
     megatron_io.load_weights(model, iter_dir, metadata)
-    source = megatron_io.tokenizer_source(recorded, run_config)
+    try:  # from any working folder (training/run_paths.py)
+        source = run_paths.find_tokenizer(recorded, run_config, run_dir)
+    except run_paths.TokenizerNotFound as e:
+        raise ConversionError(f"{iter_dir}: {e}: lm-eval needs it to turn text into tokens; copy it back there") \
+            from None
     if source is None:
-        raise ConversionError(f"{iter_dir} records no tokenizer that exists here (trained on mock data, or the "
-                              "tokenizer moved): lm-eval needs one to turn text into tokens")
-    return model.eval(), load_tokenizer(source).hf, args.seq_length
+        raise ConversionError(f"{iter_dir} records no tokenizer (trained on mock data): lm-eval needs one to turn "
+                              "text into tokens")
+    try:
+        tokenizer = load_tokenizer(source).hf
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"the run's tokenizer {source} cannot be loaded ({str(e).splitlines()[0]})") from None
+    return model.eval(), tokenizer, args.seq_length
 
 
 def _init_tensor_parallel(tp: int) -> None:

@@ -26,6 +26,7 @@ from megatron_sat.conversion.model_card import model_card
 from megatron_sat.data.tokenizer import load_tokenizer as load
 from megatron_sat.model.config import gate_function
 from megatron_sat.outputs import check_output
+from megatron_sat.training import run_paths
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,21 +46,48 @@ def check_gate_matches_authors(spec: ModelSpec) -> None:
             "authors' (theirs scales softmax_sigmoid by num_kv_heads), so an export would compute a different model")
 
 
-def load_tokenizer(source: Optional[str], max_length: int):
-    """The HF tokenizer object of a recorded tokenizer path, ready to save (or None)."""
+def load_tokenizer(source: Optional[str], max_length: int, flag: str = "the run's tokenizer"):
+    """The HF tokenizer object of a tokenizer path or hub name, ready to save (or None for None)."""
     if source is None:
         return None
-    tok = load(source).hf
+    try:
+        tok = load(source).hf
+    except (OSError, ValueError) as e:  # missing, not a tokenizer, not in the hub cache
+        raise ConversionError(f"{flag} {source} cannot be loaded ({str(e).splitlines()[0]}): "
+                              f"{NO_TOKENIZER_HINT}") from None
     tok.model_max_length = max_length
     return tok
 
 
+NO_TOKENIZER_HINT = "pass --tokenizer PATH, or --no-tokenizer to export the model without one"
+
+
+def find_tokenizer(tokenizer: Optional[str], no_tokenizer: bool, args: dict, run_config: dict,
+                   run_dir: Optional[str]) -> Optional[str]:
+    """The tokenizer to save with the export: --tokenizer, else the run's (found from any folder: run_paths), None
+    with --no-tokenizer or for a run that had none (mock data). ConversionError, naming the path, where the run's
+    recorded tokenizer is found nowhere."""
+    if no_tokenizer:
+        if tokenizer:
+            raise ConversionError("--tokenizer and --no-tokenizer contradict each other: pass one")
+        return None
+    if tokenizer:
+        return tokenizer
+    try:
+        return run_paths.find_tokenizer(args, run_config, run_dir)
+    except run_paths.TokenizerNotFound as e:
+        raise ConversionError(f"{e}: {NO_TOKENIZER_HINT}") from None
+
+
 def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bool = False,
                       tokenizer: Optional[str] = None, max_shard_bytes: int = hf_io.DEFAULT_SHARD_BYTES,
-                      verify: bool = False, verify_checkpoint: bool = True, log=print) -> dict:
+                      verify: bool = False, verify_checkpoint: bool = True, no_tokenizer: bool = False,
+                      log=print) -> dict:
     """Convert; returns a summary dict (arch, iteration, source, output, parameters, max_rel_diff if verify).
 
-    verify_checkpoint: check the checkpoint's files against its manifest first (False: --no-verify-checkpoint)."""
+    verify_checkpoint: check the checkpoint's files against its manifest first (False: --no-verify-checkpoint).
+    tokenizer: saved with the model (default: the run's, found from any folder); a run's tokenizer that cannot be
+    found or loaded stops the export before anything is written, unless no_tokenizer (then the export has none)."""
     if dtype not in DTYPES:
         raise ConversionError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     try:
@@ -72,6 +100,8 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
     metadata = megatron_io.tensor_metadata(iter_dir)
     spec = megatron_io.spec_from_args(args, metadata)
     check_gate_matches_authors(spec)
+    source = find_tokenizer(tokenizer, no_tokenizer, args, run_config, run_dir)
+    tok = load_tokenizer(source, spec.max_position_embeddings, "--tokenizer" if tokenizer else "the run's tokenizer")
     ckpt_dtype = metadata[megatron_io.EMBEDDING_KEY].dtype
     out_dtype = DTYPES[dtype] or ckpt_dtype
     log(f"loading {spec.arch} from {iter_dir} ({ckpt_dtype}, vocabulary {spec.vocab_size})")
@@ -79,7 +109,6 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
     model = chunks[0]
     megatron_io.load_weights(model, iter_dir, metadata)
     weights = {k: v.to(out_dtype) for k, v in megatron_to_hf(megatron_io.full_state(model), spec).items()}
-    tok = load_tokenizer(tokenizer or megatron_io.tokenizer_source(args, run_config), spec.max_position_embeddings)
     ids = {}
     if tok is not None:
         ids = dict(bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
@@ -98,8 +127,10 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
                                  extra_files={"megatron_sat_conversion.json": json.dumps(info, indent=1, default=str),
                                               "README.md": card})
     info["output"] = path
+    without = ("no tokenizer (--no-tokenizer)" if no_tokenizer else
+               "no tokenizer (the run recorded none: mock data; add one with --tokenizer PATH)")
     log(f"wrote {path}: {spec.arch} as {config['architectures'][0]}, {info['parameters']:,} parameters, "
-        f"{info['dtype']}{'' if tok is not None else ', no tokenizer recorded'}")
+        f"{info['dtype']}, {f'tokenizer {tok.name_or_path}' if tok is not None else without}")
     if verify:
         if out_dtype != ckpt_dtype:  # the export's weights are rounded: compare against those
             megatron_io.set_full_state(model, {k: v.to(out_dtype).to(ckpt_dtype)

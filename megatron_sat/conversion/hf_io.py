@@ -126,6 +126,26 @@ def readable_per_umask(folder: Path) -> None:
             os.chmod(os.path.join(root, f), 0o666 & ~umask)
 
 
+def portable_tokenizer_config(path: Path) -> None:
+    """Make a tokenizer_config.json that transformers 5 wrote readable by transformers 4.x (>= 4.51) as well.
+
+    Written by hand: transformers 5 names its fast tokenizer TokenizersBackend (4.x has no such class; both read
+    PreTrainedTokenizerFast, an alias of it in 5) and writes extra special tokens as a list (4.x wants a dict of named
+    tokens there and reads a list as additional_special_tokens, which 5 reads too). model_input_names drops
+    token_type_ids, which 4.x's PreTrainedTokenizerFast adds and these models take no argument for."""
+    if not path.is_file():
+        return
+    with open(path) as f:
+        config = json.load(f)
+    if config.get("tokenizer_class") in (None, "TokenizersBackend"):
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if isinstance(config.get("extra_special_tokens"), list):
+        config["additional_special_tokens"] = config.pop("extra_special_tokens")
+    config.setdefault("model_input_names", ["input_ids", "attention_mask"])
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+
+
 def write_hf_folder(output: str, spec: ModelSpec, config: dict, weights: Dict[str, torch.Tensor],
                     tokenizer=None, extra_files: Optional[Dict[str, str]] = None, overwrite: bool = False,
                     max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> str:
@@ -146,6 +166,7 @@ def write_hf_folder(output: str, spec: ModelSpec, config: dict, weights: Dict[st
                          pad_token_id=config.get("pad_token_id")).save_pretrained(str(tmp))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+            portable_tokenizer_config(tmp / "tokenizer_config.json")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         readable_per_umask(tmp)

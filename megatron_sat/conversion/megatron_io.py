@@ -227,15 +227,3 @@ def set_full_state(model, state: dict) -> None:
             if tuple(params[name].shape) != tuple(tensor.shape):
                 raise ConversionError(f"{name}: {tuple(tensor.shape)} does not fit {tuple(params[name].shape)}")
             params[name].copy_(tensor)
-
-
-def tokenizer_source(args: dict, run_config: dict) -> Optional[str]:
-    """The tokenizer the run recorded (a local folder or file), or None (mock data, or not found)."""
-    candidates = [args.get("tokenizer_model")]
-    if args.get("embedded_data"):
-        candidates.append(os.path.join(args["embedded_data"], "tokenizer"))
-    candidates.append(run_config.get("tokenizer"))
-    for c in candidates:
-        if c and os.path.exists(os.path.expanduser(str(c))):
-            return os.path.expanduser(str(c))
-    return None

@@ -25,6 +25,7 @@ PAPER_CITATION = """@article{gunasekaran2026satformer,
   journal = {arXiv preprint arXiv:2605.03953},
   year    = {2026}
 }"""
+TRANSFORMERS_RANGE = ">= 4.51"  # Qwen3 (the Transformer baseline's class) first shipped in 4.51
 ARCH_NAMES = {"satformer": "SATFormer", "resformer": "ResFormer", "transformer": "Transformer (Qwen3-style)",
               "denseformer": "DenseFormer", "muddformer": "MUDDFormer", "hyperconnections": "Hyper-Connections"}
 
@@ -100,6 +101,8 @@ def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_sa
     lines += ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
               'model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER", trust_remote_code=True)',
               'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")', "```", "",
+              f"Loads in transformers {TRANSFORMERS_RANGE}, 4.x and 5.x alike (model, modeling code and tokenizer; "
+              "checked on 4.57.1 and 5.24).", "",
               "## Licence", "", "Apache-2.0.", "",
               "## Citation", "", "The architecture is from arXiv 2605.03953:", "", "```bibtex", PAPER_CITATION, "```",
               ""]

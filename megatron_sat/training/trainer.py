@@ -40,6 +40,7 @@ from megatron_sat.training.gate_telemetry import GateTelemetry
 from megatron_sat.training.monitor import Monitor
 from megatron_sat.training.run_folder import checkpoint_dir, clean_stale, latest_iteration, model_differences
 from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
+from megatron_sat.training.run_paths import record_paths
 from megatron_sat.training.setup import model_config, precision_and_layout, scheduler
 from megatron_sat.training.signals import StopSignal, bind_to_launcher
 from megatron_sat.training.step import NonFiniteLoss, evaluate, gpt_forward_step, setup_model_and_optimizer, train_step
@@ -252,7 +253,7 @@ class Loop:
                           use_distributed_optimizer=setup.dist_opt, num_parameters=num_params,
                           flops_per_token=self.flops_tok, device=str(compat.device()), data=data,
                           tokenizer=str(getattr(tokenizer, "name", tokenizer)), model=setup.model_fields,
-                          arguments=run_arguments(args))
+                          arguments=run_arguments(args), **record_paths(args))  # paths that hold from any folder
         self.monitor = Monitor(args, run_config, self.iteration, resumed=resume is not None, is_logger=rank == 0)
         log(f"megatron-sat: {args.arch}, {num_params:,} parameters, {layout.describe(setup.world)}, "
             f"{setup.num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "
