@@ -102,8 +102,11 @@ def setup_model_and_optimizer(config, *, vocab_size: int, max_sequence_length: i
         chunks = [Float16Module(config, c) for c in chunks]
     chunks = wrap_ddp(chunks, config, use_distributed_optimizer=use_distributed_optimizer,
                       overlap_grad_reduce=overlap_grad_reduce, grad_reduce_in_fp32=grad_reduce_in_fp32)
+    fp16 = optimizer_kwargs.pop("fp16", None)
+    if config.fp16 and fp16 is None:
+        fp16 = {}  # megatron-core's loss-scale defaults (Megatron-LM's): the profilers build without the trainer's flags
     optimizer = build_optimizer(chunks, bf16=config.bf16, use_distributed_optimizer=use_distributed_optimizer,
-                                **optimizer_kwargs)
+                                fp16=fp16, **optimizer_kwargs)
     if config.fp16:  # the schedules multiply each micro-batch's loss by the loss scale before its backward
         config.grad_scale_func = optimizer.scale_loss
         make_optimizer_state(optimizer)
