@@ -155,6 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
     g("--adam-eps", type=float, default=1e-8)
     g("--bf16", action=argparse.BooleanOptionalAction, default=None, names_run=False,
       help="default: on with a GPU, off on CPU")
+    # FP16 with loss scaling (Megatron-LM's flags and defaults; megatron-core's grad scaler and fp16 optimizer)
+    g("--fp16", action="store_true", names_run=False,
+      help="fp16 weights and activations, fp32 main parameters, dynamic loss scaling (or --loss-scale); a step "
+           "whose gradients overflow is skipped and counted (skipped_iters, loss_scale in metrics.jsonl)")
+    g("--loss-scale", type=float, default=None, help="with --fp16: a constant loss scale (default: dynamic)")
+    g("--initial-loss-scale", type=float, default=2.0**32, help="with --fp16: the dynamic scale's start")
+    g("--min-loss-scale", type=float, default=1.0, help="with --fp16: the dynamic scale's floor")
+    g("--loss-scale-window", type=float, default=1000,
+      help="with --fp16: steps without overflow before the dynamic scale doubles")
+    g("--hysteresis", type=int, default=2, help="with --fp16: overflows tolerated before the dynamic scale halves")
+    # the DP gradient buffer's dtype (Megatron-LM's two flags): fp32 by default here, with or without --bf16
+    g("--grad-reduce-in-bf16", action="store_true", names_run=False,
+      help="with --bf16: accumulate the micro-batches' gradients and reduce them over data parallelism in bf16 "
+           "(half the bytes on the wire, bf16 rounding in every sum). Default: in fp32")
+    g("--accumulate-allreduce-grads-in-fp32", action="store_true", names_run=False,
+      help="accumulate and reduce gradients in fp32 (Megatron-LM's flag): the default here; refused with "
+           "--grad-reduce-in-bf16")
     g("--seed", type=int, default=1234)
     g = _group(p, "data", names_run=False)
     g("--data-path", nargs="*", default=None, help="indexed dataset prefix(es) or a blend 'w1 p1 w2 p2'")

@@ -343,6 +343,18 @@ def find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: boo
             iteration = older
 
 
+def _restore_step_zero(optimizer, state) -> None:
+    """megatron-core saves Adam's common step only when it is non-zero (`if step:`), so a checkpoint saved before
+    the first update (fp16: every step so far skipped on overflow) holds moments without their step, which torch's
+    Adam refuses on load: give them the step 0 that was saved."""
+    inner = state.get("optimizer") if isinstance(state, dict) else None
+    states = inner.get("state") if isinstance(inner, dict) else None
+    if (isinstance(getattr(optimizer, "optimizer", None), torch.optim.Adam | torch.optim.AdamW)
+            and isinstance(states, dict) and states and "common_step" not in states
+            and not any(isinstance(v, dict) and "step" in v for v in states.values())):
+        states["common_step"] = torch.tensor(0.0)
+
+
 def restore(point: ResumePoint, chunks, optimizer, scheduler, align: Optional[Callable[[dict], None]] = None, *,
             load_optim: bool = True, load_rng: bool = True) -> dict:
     """Load everything from a resume point; returns its common state plus 'rng_restored' and 'directory'.
@@ -362,6 +374,7 @@ def restore(point: ResumePoint, chunks, optimizer, scheduler, align: Optional[Ca
     if load_optim:
         if align is not None:
             align(loaded["optimizer"])
+        _restore_step_zero(optimizer, loaded["optimizer"])
         try:
             optimizer.load_state_dict(loaded["optimizer"])
         except (KeyError, ValueError) as e:  # megatron-core's "Could not find parameter group with key ..."

@@ -275,9 +275,12 @@ class Monitor:
             record = dict(record, **memory())
         self.write(record)
         mfu = "n/a" if record.get("mfu") is None else f"{100 * record['mfu']:.1f}%"
+        grad = "n/a" if record["grad_norm"] is None else f"{record['grad_norm']:.3f}"  # fp16: every step skipped
         line = (f"step {record['step']:>{len(str(self.args.train_iters))}}/{self.args.train_iters} | "
-                f"loss {record['loss']:.4f} | lr {record['lr']:.3e} | grad norm {record['grad_norm']:.3f} | "
+                f"loss {record['loss']:.4f} | lr {record['lr']:.3e} | grad norm {grad} | "
                 f"{record['tokens_per_s']:,.0f} tok/s | MFU {mfu} | ETA {_fmt_time(eta_s)}")
+        if "loss_scale" in record:
+            line += f" | loss scale {record['loss_scale']:.6g} | skipped {record['skipped_iters']}"
         if record.get("gate_mean"):
             gates = [g for g in record["gate_mean"] if g is not None]
             zeros = [z for z in record["gate_zero_frac"] if z is not None]

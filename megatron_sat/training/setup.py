@@ -28,7 +28,7 @@ class PrecisionAndLayout(NamedTuple):
 
     bf16: bool
     distributed_optimizer: bool
-    dtype: torch.dtype  # of the parameters: bfloat16 with bf16, else float32
+    dtype: torch.dtype  # of the parameters: bfloat16 with bf16, float16 with --fp16, else float32
     layout: Layout
 
 
@@ -36,12 +36,16 @@ def precision_and_layout(args: argparse.Namespace, gpu: Optional[bool] = None) -
     """--bf16 and --use-distributed-optimizer (default: on with a GPU, off on CPU) and the parallel layout.
     gpu: whether the run is on GPUs (default: whether this process sees one; the planner passes its target's)."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
-    bf16 = gpu if args.bf16 is None else args.bf16
+    fp16 = getattr(args, "fp16", False)
+    if fp16 and args.bf16:
+        raise ValueError("--fp16 and --bf16 contradict: give one")
+    bf16 = (gpu and not fp16) if args.bf16 is None else args.bf16
     dist_opt = gpu if args.use_distributed_optimizer is None else args.use_distributed_optimizer
     layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                     vpp=args.num_virtual_stages_per_pipeline_rank, cp=args.context_parallel_size,
                     sp=args.sequence_parallel)
-    return PrecisionAndLayout(bf16, dist_opt, torch.bfloat16 if bf16 else torch.float32, layout)
+    dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+    return PrecisionAndLayout(bf16, dist_opt, dtype, layout)
 
 
 def recompute_fields(args: argparse.Namespace) -> dict:
@@ -62,7 +66,7 @@ def model_config(args: argparse.Namespace, layout: Optional[Layout] = None, dtyp
     the planner counts recompute itself, evaluation runs no backward). ValueError for what the config refuses."""
     fields = model_config_fields(args)
     if dtype is not None:
-        fields.update(bf16=dtype == torch.bfloat16, params_dtype=dtype)
+        fields.update(bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype)
     if layout is not None:
         fields.update(layout.config_fields(dtype or torch.float32))
     if training:

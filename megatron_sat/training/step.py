@@ -26,12 +26,15 @@ from megatron_sat.parallel.pipeline import forward_backward
 from megatron_sat.training import optimizer_resume
 
 
-def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False):
-    """Megatron DDP around each chunk (gradient buffers, DP all-reduce) and the config hooks."""
+def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False,
+             grad_reduce_in_fp32: bool = True):
+    """Megatron DDP around each chunk (gradient buffers, DP all-reduce) and the config hooks. grad_reduce_in_fp32:
+    the gradient buffer (micro-batch accumulation and the DP reduction) in fp32, else in the parameters' dtype
+    (--grad-reduce-in-bf16)."""
     config.calculate_per_token_loss = True
     config.finalize_model_grads_func = finalize_grads
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
         overlap_grad_reduce=overlap_grad_reduce,
         use_distributed_optimizer=use_distributed_optimizer,
     )
@@ -43,12 +46,15 @@ def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_gr
 
 def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: float = 0.1,
                     clip_grad: float = 1.0, betas=(0.9, 0.95), eps: float = 1e-8,
-                    bf16: bool = False, use_distributed_optimizer: bool = False, weight_decay_params: str = "matrices"):
+                    bf16: bool = False, use_distributed_optimizer: bool = False, weight_decay_params: str = "matrices",
+                    fp16: Optional[dict] = None):
     """Megatron's AdamW (Apex/TE fused when present, torch's otherwise) with gradient clipping.
 
     weight_decay_params: 'matrices' is Megatron's rule (1-D tensors and biases are not decayed); 'all' decays
     every tensor, as the SATFormer authors' AdamW(model.parameters(), weight_decay=0.1) does (norms, QK-norms,
-    ResFormer's lambdas, the baselines' connection weights)."""
+    ResFormer's lambdas, the baselines' connection weights).
+    fp16: train fp16 parameters with loss scaling, {loss_scale, initial_loss_scale, min_loss_scale,
+    loss_scale_window, hysteresis} (Megatron-LM's flags; loss_scale None: megatron-core's DynamicGradScaler)."""
     if weight_decay_params not in ("matrices", "all"):
         raise ValueError(f"weight_decay_params must be 'matrices' or 'all', not {weight_decay_params!r}")
     if use_distributed_optimizer:
@@ -63,8 +69,10 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
         adam_eps=eps,
         clip_grad=clip_grad,
         bf16=bf16,
-        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        fp16=fp16 is not None,
+        params_dtype=torch.bfloat16 if bf16 else torch.float16 if fp16 is not None else torch.float32,
         use_distributed_optimizer=use_distributed_optimizer,
+        **(fp16 or {}),
     )
     # Megatron-Core's standard overrides are exactly its no-decay rule; an empty set of overrides decays everything
     return get_megatron_optimizer(config, chunks, config_overrides={} if weight_decay_params == "all" else None)
@@ -81,21 +89,46 @@ def count_chunk_parameters(chunks) -> int:
 
 def setup_model_and_optimizer(config, *, vocab_size: int, max_sequence_length: int, rotary_base: int = 10000,
                               backend: Optional[str] = None, use_distributed_optimizer: bool = False,
-                              overlap_grad_reduce: bool = False, **optimizer_kwargs):
+                              overlap_grad_reduce: bool = False, grad_reduce_in_fp32: bool = True, **optimizer_kwargs):
     """The model (its chunks on this rank) wrapped as it trains, and its optimizer.
 
     Returns (chunks, parameter count over all ranks, optimizer): GPTModel -> Float16Module under BF16 ->
-    Megatron DDP. optimizer_kwargs go to build_optimizer (lr, min_lr, weight_decay, clip_grad, betas, eps)."""
+    Megatron DDP (grad_reduce_in_fp32: see wrap_ddp). optimizer_kwargs go to build_optimizer (lr, min_lr,
+    weight_decay, clip_grad, betas, eps)."""
     chunks = build_model(config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
                          rotary_base=rotary_base, backend=backend)
     num_params = count_chunk_parameters(chunks)
-    if config.bf16:
+    if config.bf16 or config.fp16:
         chunks = [Float16Module(config, c) for c in chunks]
     chunks = wrap_ddp(chunks, config, use_distributed_optimizer=use_distributed_optimizer,
-                      overlap_grad_reduce=overlap_grad_reduce)
+                      overlap_grad_reduce=overlap_grad_reduce, grad_reduce_in_fp32=grad_reduce_in_fp32)
+    fp16 = optimizer_kwargs.pop("fp16", None)
+    if config.fp16 and fp16 is None:
+        fp16 = {}  # megatron-core's loss-scale defaults (Megatron-LM's): the profilers build without the trainer's flags
     optimizer = build_optimizer(chunks, bf16=config.bf16, use_distributed_optimizer=use_distributed_optimizer,
-                                **optimizer_kwargs)
+                                fp16=fp16, **optimizer_kwargs)
+    if config.fp16:  # the schedules multiply each micro-batch's loss by the loss scale before its backward
+        config.grad_scale_func = optimizer.scale_loss
+        make_optimizer_state(optimizer)
     return chunks, num_params, optimizer
+
+
+def make_optimizer_state(optimizer) -> None:
+    """Give every parameter the optimizer state its first step would make (zero moments; torch's Adam also step 0).
+
+    Under fp16 the first steps are skipped until the loss scale fits, and Adam makes its state only at its first
+    update: a checkpoint saved before it held no moments, and its resume failed (megatron-core's sharded state
+    expects them). megatron-core's own init_state_fn makes the moments; torch's Adam also needs its `step`, which
+    no library call makes (written here: the value torch makes lazily, so the first real update is unchanged)."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner, init = opt.optimizer, getattr(opt, "init_state_fn", None)
+        if init is None:
+            continue
+        fresh = [p for group in inner.param_groups for p in group["params"] if not inner.state[p]]
+        init(inner, opt.config)
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            for p in fresh:
+                inner.state[p]["step"] = torch.tensor(0.0)
 
 
 def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -159,10 +192,10 @@ def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: in
     if not math.isfinite(loss):
         raise NonFiniteLoss(f"loss is {loss}")
     lr = optimizer.param_groups[0]["lr"]
-    success, grad_norm, _ = optimizer.step()
+    success, grad_norm, _ = optimizer.step()  # fp16: success False when the scaled gradients overflowed
     if grad_norm is not None and not math.isfinite(grad_norm):
         raise NonFiniteLoss(f"gradient norm is {grad_norm}")
-    if scheduler is not None:
+    if scheduler is not None and success:  # a skipped step does not advance the schedule (as Megatron-LM)
         scheduler.step(increment=1)
     return StepResult(loss=loss, grad_norm=grad_norm, lr=lr, success=bool(success), stop_signals=int(signals),
                       time_up=late > 0)

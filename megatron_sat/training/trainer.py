@@ -83,10 +83,21 @@ class Window:
     steps: int = 0
     loss: float = 0.0
     grad: float = 0.0
+    skipped: int = 0  # fp16: steps whose gradients overflowed (no update)
 
     def add(self, dt: float, result) -> None:
         self.time, self.steps = self.time + dt, self.steps + 1
         self.loss, self.grad = self.loss + result.loss, self.grad + (result.grad_norm or 0.0)
+        self.skipped += not result.success
+
+
+def fp16_options(args) -> Optional[dict]:
+    """--fp16's loss-scale flags as megatron-core's OptimizerConfig fields; None without --fp16."""
+    if not args.fp16:
+        return None
+    return dict(loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,
+                min_loss_scale=args.min_loss_scale, loss_scale_window=args.loss_scale_window,
+                hysteresis=args.hysteresis)
 
 
 def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
@@ -153,13 +164,20 @@ def take_run_lock(save: str, log):
 def configure(args, log) -> Setup:
     """The model config and layout, checked against the world size and the backend (UsageError)."""
     world = torch.distributed.get_world_size()
-    bf16, dist_opt, dtype, layout = precision_and_layout(args)
+    try:
+        bf16, dist_opt, dtype, layout = precision_and_layout(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     backend = {"local": "local", "transformer_engine": "te"}.get(args.transformer_impl) or (
         "te" if te_available() else "local")
     if backend == "te" and not te_available():
         raise UsageError("--transformer-impl transformer_engine needs Transformer Engine on a GPU")
     if args.fp8_format and backend != "te":
         raise UsageError("--fp8-format needs Transformer Engine on a GPU")
+    if args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32:
+        raise UsageError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict: give one")
+    if args.grad_reduce_in_bf16 and not bf16:
+        raise UsageError("--grad-reduce-in-bf16 needs --bf16 (the gradients are in fp32 otherwise)")
     dp = layout.dp(world)
     num_micro = args.global_batch_size // (args.micro_batch_size * dp) if dp else None  # None: validate says why
     try:
@@ -238,9 +256,10 @@ class Loop:
         self.chunks, num_params, self.optimizer = setup_model_and_optimizer(
             config, vocab_size=vocab_size, max_sequence_length=args.seq_length, rotary_base=args.rotary_base,
             backend=setup.backend, use_distributed_optimizer=setup.dist_opt,
-            overlap_grad_reduce=args.overlap_grad_reduce, lr=args.lr, min_lr=args.min_lr,
+            overlap_grad_reduce=args.overlap_grad_reduce, grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
+            lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_eps, weight_decay_params=args.weight_decay_params)
+            eps=args.adam_eps, weight_decay_params=args.weight_decay_params, fp16=fp16_options(args))
         self.schedule_mode = schedule_mode
         self.scheduler = scheduler(self.optimizer, args, schedule_mode)
         self.iteration, self.consumed = self._restore(resume, pretrained)
@@ -257,7 +276,7 @@ class Loop:
         self.monitor = Monitor(args, run_config, self.iteration, resumed=resume is not None, is_logger=rank == 0)
         log(f"megatron-sat: {args.arch}, {num_params:,} parameters, {layout.describe(setup.world)}, "
             f"{setup.num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "
-            f"{'bf16' if setup.bf16 else 'fp32'} on {setup.world} x {compat.device().type}")
+            f"{'bf16' if setup.bf16 else 'fp16' if args.fp16 else 'fp32'} on {setup.world} x {compat.device().type}")
         self.gates = GateTelemetry(self.chunks, config.num_layers, compat.device()) if args.arch == "satformer" else None
         self.saver = ckpt.Saver(args.save, self.chunks, self.optimizer, self.scheduler, async_save=args.async_save,
                                 retain_interval=args.save_retain_interval, log=log,
@@ -390,8 +409,12 @@ class Loop:
         step_time = window.time / window.steps
         tps = args.global_batch_size * args.seq_length / step_time
         mfu = None if self.peak is None else self.flops_tok * tps / (self.peak * self.setup.world)
-        record = dict(step=self.iteration, loss=window.loss / window.steps, lr=lr, grad_norm=window.grad / window.steps,
+        updated = window.steps - window.skipped
+        record = dict(step=self.iteration, loss=window.loss / window.steps, lr=lr,
+                      grad_norm=window.grad / updated if updated else None,
                       tokens_per_s=tps, mfu=mfu, step_time_s=step_time, consumed_samples=self.consumed)
+        if args.fp16:  # Megatron-LM's names: the steps skipped in this line's window, the scale after them
+            record.update(skipped_iters=window.skipped, loss_scale=self.optimizer.get_loss_scale().item())
         if self.gates is not None:
             record.update(self.gates.collect() or {})
         self.monitor.log_train(record, eta_s=step_time * (args.train_iters - self.iteration))

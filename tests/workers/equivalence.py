@@ -43,6 +43,7 @@ compat.ensure_cpu_compat()
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.transformer.module import Float16Module
 
 from megatron_sat.model.config import make_config
 from megatron_sat.model.gpt import build_model
@@ -96,19 +97,36 @@ LAYOUTS = {
     # the separate gate (--value-residual-gate-impl separate, still offered): its own GEMM on the sequence shard
     # and an all-to-all from [s/tp, b, N_kv] to [s, b, N_kv/tp] (model/attention.py), which the fused default skips
     "tp2_sp_separate_gate": (Layout(tp=2, sp=True), dict(value_residual_gate_impl="separate"), 2),
+    # DP4 with Megatron's distributed optimizer (the fp32 main parameters and Adam's state sharded over DP): bf16 only
+    "dp4_distopt": (Layout(), {}, 1),
 }
+DISTRIBUTED_OPTIMIZER = ("dp4_distopt",)
 # DenseFormer and MUDDFormer refuse full recompute (the config says why); selective is covered.
 GATE_ONLY = ("tp2_sp_separate_gate",)  # layouts that only the SATFormer variants run
+BF16_ONLY = DISTRIBUTED_OPTIMIZER
 CASES = [(v, lay) for v in ("transformer", "resformer", "satformer", "hyperconnections") for lay in LAYOUTS
-         if lay not in GATE_ONLY or v == "satformer"] + [
+         if (lay not in GATE_ONLY or v == "satformer") and lay not in BF16_ONLY] + [
     (v, lay) for v in ("denseformer", "muddformer") for lay in LAYOUTS
-    if lay != "pp2_full_recompute" and lay not in GATE_ONLY
+    if lay != "pp2_full_recompute" and lay not in GATE_ONLY + BF16_ONLY
 ] + [
     ("satformer_last2_sigmoid", "tp2_pp2"),
     ("satformer_last2_sigmoid", "pp2_vpp2"),
     ("satformer_softmax_sigmoid", "tp2_sp"),
     ("satformer_softmax_sigmoid", "tp2_sp_separate_gate"),
 ]
+# BF16 (--bf16 as the trainer runs it: bf16 parameters in Float16Module, Megatron's Float16Optimizer with fp32 main
+# parameters, main_grad accumulated and reduced in fp32): variant "<v>_bf16" trains v's initial weights (loaded into
+# bf16) at each layout against a one-rank bf16 reference (tests/test_parallel_equivalence.py has the tolerances).
+BF16_SUFFIX = "_bf16"
+BF16_VARIANTS = ("transformer", "satformer", "hyperconnections")
+BF16_LAYOUTS = ("tp2", "tp2_sp", "pp2", "pp2_vpp2", "dp4_distopt", "pp2_full_recompute")
+BF16_CASES = [(v + BF16_SUFFIX, lay) for v in BF16_VARIANTS for lay in BF16_LAYOUTS]
+# A deliberate bug that the bf16 tolerances must see: under TP2 + SP the norms' weights lose their
+# `sequence_parallel` flag, so Megatron's finalize_model_grads no longer sums their gradients over the TP group
+# (each TP rank keeps the gradient of its own half of the sequence): the classic SP bug.
+MUTANTS = {"tp2_sp_unreduced_norm_grads": "tp2_sp"}
+MUTANT_CASES = [("satformer" + BF16_SUFFIX, "tp2_sp_unreduced_norm_grads")]
+CASES += BF16_CASES + MUTANT_CASES
 # The one-rank reference computes SATFormer's gate as its own GEMM (value_residual_gate_impl 'separate'); the
 # layouts use the default, W_alpha's rows inside linear_qkv. So each layout also checks that the fused gate
 # computes the separate one's function, gradients and updates, and loads the separate impl's checkpoint
@@ -156,22 +174,39 @@ def linear_forward_step(data_iterator, model):
     return output, partial(_linear_loss, batch["loss_mask"].to(torch.float64), batch["cotangent"])
 
 
-def float64_gradients(chunks32, variant: str, layout, extra: dict, dp_rank: int, dp: int, mbs: int):
-    """Step 0's gradients of the linear loss, computed in float64 from chunks32's current weights."""
-    config = make_config(**VARIANTS[variant], **SIZES, **layout.config_fields(torch.float64), **extra,
-                         params_dtype=torch.float64)
-    # .double(): Megatron's local norms make their weights in float32 whatever params_dtype says
-    chunks = [c.double() for c in build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)]
+def _drop_sp_flags(chunks) -> None:
+    """The deliberate bug of MUTANTS: the norms' gradients are no longer summed over the TP group under SP."""
+    for c in chunks:
+        for p in c.parameters():
+            if getattr(p, "sequence_parallel", False):
+                p.sequence_parallel = False
+
+
+def pass_gradients(chunks_now, variant: str, layout, extra: dict, dp_rank: int, dp: int, mbs: int,
+                   dtype=torch.float64, mutant: bool = False):
+    """Step 0's gradients of the linear loss from chunks_now's current weights: in float64 (float32 cases), or in
+    bf16 as --bf16 trains (bf16 weights and activations in Float16Module, main_grad accumulated and reduced in
+    fp32) for the bf16 cases."""
+    bf16 = dtype == torch.bfloat16
+    precision = dict(bf16=True) if bf16 else {}
+    config = make_config(**VARIANTS[variant.removesuffix(BF16_SUFFIX)], **SIZES, **layout.config_fields(dtype),
+                         **extra, params_dtype=dtype, **precision)
+    # .to(dtype): Megatron's local norms make their weights in float32 whatever params_dtype says
+    chunks = [c.to(dtype) for c in build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)]
     with torch.no_grad():
-        for c64, c32 in zip(chunks, chunks32, strict=True):
-            weights = dict(c32.named_parameters())
-            for name, p in c64.named_parameters():
+        for c_new, c_now in zip(chunks, chunks_now, strict=True):
+            weights = dict(c_now.named_parameters())
+            for name, p in c_new.named_parameters():
                 p.copy_(weights.pop(name))
-            assert not weights, f"float32 parameters missing in float64: {sorted(weights)}"
-    # what megatron_sat.training.step.wrap_ddp sets up, with gradients kept and reduced in float64
+            assert not weights, f"parameters missing in {dtype}: {sorted(weights)}"
+    if bf16:
+        chunks = [Float16Module(config, c) for c in chunks]
+    if mutant:
+        _drop_sp_flags(chunks)
+    # what megatron_sat.training.step.wrap_ddp sets up; float64 gradients are kept and reduced in float64
     config.calculate_per_token_loss = True
     config.finalize_model_grads_func = finalize_grads
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=bf16)
     chunks = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
               for i, c in enumerate(chunks)]
     for chunk in chunks:
@@ -195,6 +230,8 @@ def full_tensors(chunks, source: str) -> dict:
 
     for chunk in chunks:
         model = chunk.module
+        if isinstance(model, Float16Module):
+            model = model.module
         renames = {f"decoder.layers.{i}.": f"decoder.layers.{layer.layer_number - 1}."
                    for i, layer in enumerate(model.decoder.layers)}
         fused = {f"{n}.linear_qkv.weight": m.fused_gate_layout for n, m in model.named_modules()
@@ -237,16 +274,20 @@ def collect(chunks, source: str):
 
 
 def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
-    layout, extra, mbs = (Layout(), dict(REFERENCE_EXTRA), 1) if reference else LAYOUTS[layout_name]
+    layout, extra, mbs = (Layout(), dict(REFERENCE_EXTRA), 1) if reference else LAYOUTS[MUTANTS.get(layout_name, layout_name)]
+    bf16 = variant.endswith(BF16_SUFFIX)
+    base = variant.removesuffix(BF16_SUFFIX)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    precision = dict(bf16=True, params_dtype=torch.bfloat16) if bf16 else {}
     world = torch.distributed.get_world_size()
-    config = make_config(**VARIANTS[variant], **SIZES, **layout.config_fields(), **extra)
+    config = make_config(**VARIANTS[base], **SIZES, **layout.config_fields(dtype), **extra, **precision)
     dp = layout.dp(world)
     num_micro = GLOBAL_BATCH // (mbs * dp)
     validate(layout, config, world, seq_length=SEQ, num_microbatches=num_micro)
     initialize(layout, seed=SEED)
     chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)
-    init_dir = os.path.join(out, f"init_{variant}")
-    if reference:
+    init_dir = os.path.join(out, f"init_{base}")
+    if reference and not bf16:
         g = torch.Generator().manual_seed(SEED)
         with torch.no_grad():
             for _, p in sorted(chunks[0].named_parameters()):
@@ -255,9 +296,17 @@ def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
     else:
         load_model(chunks, init_dir)
     dp_rank = parallel_state.get_data_parallel_rank()
-    grads = float64_gradients(chunks, variant, layout, extra, dp_rank, dp, mbs)
-    chunks = wrap_ddp(chunks, config)
-    optimizer = build_optimizer(chunks, lr=1e-2, weight_decay=0.1, clip_grad=1.0, eps=ADAM_EPS)
+    mutant = layout_name in MUTANTS
+    grads = pass_gradients(chunks, variant, layout, extra, dp_rank, dp, mbs, torch.bfloat16 if bf16 else torch.float64,
+                           mutant)
+    if bf16:
+        chunks = [Float16Module(config, c) for c in chunks]
+    if mutant:
+        _drop_sp_flags(chunks)
+    dist_opt = layout_name in DISTRIBUTED_OPTIMIZER
+    chunks = wrap_ddp(chunks, config, use_distributed_optimizer=dist_opt)
+    optimizer = build_optimizer(chunks, lr=1e-2, weight_decay=0.1, clip_grad=1.0, eps=ADAM_EPS, bf16=bf16,
+                                use_distributed_optimizer=dist_opt)
     losses = []
     for step in range(STEPS):
         result = train_step(
@@ -275,6 +324,7 @@ def run_case(variant: str, layout_name: str, out: str, reference: bool) -> dict:
 
 def compare(ref: dict, got: dict) -> dict:
     def rel(a, b):
+        a, b = a.double(), b.double()  # bf16 parameters compared exactly as they are
         return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
 
     missing = sorted(set(ref["grads"]) ^ set(got["grads"]))
@@ -283,7 +333,7 @@ def compare(ref: dict, got: dict) -> dict:
     loss_err = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
     return dict(
         losses=got["losses"], ref_losses=ref["losses"], loss_rel_err=loss_err, missing=missing,
-        num_params=len(grad_err),
+        num_params=len(param_err),
         worst_grad=max(grad_err.items(), key=lambda kv: kv[1]),
         worst_param=max(param_err.items(), key=lambda kv: kv[1]),
         arch_grads={k: v for k, v in grad_err.items() if any(tag in k for tag in ARCH_PARAMS)},
@@ -300,7 +350,8 @@ def main():
     torch.distributed.init_process_group(backend=compat.dist_backend())
     results = {}
     if args.reference:
-        for variant in filter(keep, VARIANTS):
+        # the float32 variants first: they save the initial weights that the bf16 variants load
+        for variant in filter(keep, [*VARIANTS, *(v + BF16_SUFFIX for v in BF16_VARIANTS)]):
             run_case(variant, "reference", args.out, reference=True)
     else:
         refs = {}
