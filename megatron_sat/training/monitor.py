@@ -45,6 +45,7 @@ from typing import Optional
 
 import psutil
 
+from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.training import records
 from megatron_sat.training.arguments import recipe_args
 
@@ -70,7 +71,7 @@ def _wandb_reachable(host: str = "api.wandb.ai", timeout: float = 2.0) -> bool:
         return False
 
 
-SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+SHAPE_KEYS = model_args.SHAPE  # the model's size (model/args.py)
 
 
 def scale_name(config: dict) -> str:
