@@ -4,13 +4,15 @@
 its facts as metadata (`model_field`):
 
     flag        the trainer's flag (training/arguments.py adds one per field that has one, with this default,
-                help and choices); None: a fixed choice of this project (the paper's Llama-style block), recorded
-                and checked like the others but not a flag yet
+                help and choices; a bool field's flag switches it away from its default, --hc-static); None: a
+                fixed choice of this project (the paper's Llama-style block), recorded and checked like the others
+                but not a flag yet
     help        the flag's help
     resume      must match for a checkpoint to be resumed or its weights loaded (run_folder.model_differences)
     names_run   another value is another run (its run folder's name, training/sweep.py; arguments.py's tag)
-    megatron    Megatron-LM's flag for the same setting, as Megatron-LM spells the value this project uses
-                (None: Megatron-LM has none)
+    megatron    Megatron-LM's flag for the same setting (None: Megatron-LM has none); it takes the field's value, or,
+                a switch, gives the field's default (--swiglu: gated_linear_unit True; --disable-bias-linear:
+                add_bias_linear False), so that a Megatron-LM command line can be checked against the model
     shape       the model's size (monitor and profiler tables); required: a flag the trainer needs unless a
                 recipe or a config file gives it (Megatron-LM requires them)
 
@@ -117,12 +119,12 @@ class ModelArgs:
              "kernels on GPUs), dot_product = Megatron's DotProductAttention (materialises the s x s scores)")
     # the paper's Llama-style block (docs/architectures.md): fixed here, recorded and checked on resume
     kv_channels: Optional[int] = model_field(None, megatron="--kv-channels")
-    normalization: str = model_field("RMSNorm", megatron="--normalization RMSNorm")
-    layernorm_epsilon: float = model_field(1e-6, megatron="--norm-epsilon 1e-6")
+    normalization: str = model_field("RMSNorm", megatron="--normalization")
+    layernorm_epsilon: float = model_field(1e-6, megatron="--norm-epsilon")
     qk_layernorm: bool = model_field(True, megatron="--qk-layernorm")
     gated_linear_unit: bool = model_field(True, megatron="--swiglu")
     add_bias_linear: bool = model_field(False, megatron="--disable-bias-linear")
-    init_method_std: float = model_field(0.02, resume=False, megatron="--init-method-std 0.02")
+    init_method_std: float = model_field(0.02, resume=False, megatron="--init-method-std")
     value_residual_gate_init_std: float = model_field(0.02, resume=False)  # std of W_alpha's normal init
 
     def __post_init__(self):
