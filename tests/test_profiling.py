@@ -174,8 +174,9 @@ def test_gpu_check_refuses_without_cuda(tmp_path):
 def test_settings_are_the_trainers_arguments(monkeypatch):
     """The profiler's settings are the recipe's trainer arguments (arguments.recipe_args) with the tool's flags over
     them, and its own defaults only where the recipe is silent (megatron_sat/profiling/settings.py)."""
+    from megatron_sat.model.args import FLAGGED as MODEL_CONFIG_KEYS
     from megatron_sat.profiling.settings import resolve
-    from megatron_sat.training.arguments import MODEL_CONFIG_KEYS, recipe_args
+    from megatron_sat.training.arguments import recipe_args
 
     for var in ("WORLD_SIZE", "SLURM_PROCID"):
         monkeypatch.delenv(var, raising=False)

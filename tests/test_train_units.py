@@ -148,7 +148,10 @@ def test_baseline_limits_are_refused_before_any_work(argv, message):
 
 
 def test_baseline_flags_reach_the_model_config():
-    from megatron_sat.training.arguments import model_config_fields
+    from megatron_sat.model.args import model_args
+
+    def model_config_fields(args):
+        return vars(model_args(args))
 
     parser = build_parser()
     keys = ("hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
@@ -166,13 +169,13 @@ def test_baseline_flags_reach_the_model_config():
 
 
 def test_arguments_become_objects_in_one_place(monkeypatch):
-    """training/setup.py: every MODEL_CONFIG_KEYS flag, the layout, the dtype and the training-only fields reach
-    the model config; bf16 / distributed optimizer follow the target; the scheduler reads the command's schedule."""
+    """training/setup.py: every model flag (ModelArgs' flagged fields), the layout, the dtype and the training-only
+    fields reach the model config; bf16 / distributed optimizer follow the target; the scheduler reads the command's schedule."""
     import torch
 
+    from megatron_sat.model.args import NAMES, model_args
     from megatron_sat.parallel.world import world_from_env
     from megatron_sat.training import schedule, setup
-    from megatron_sat.training.arguments import MODEL_CONFIG_KEYS
 
     parser = build_parser()
     args = parser.parse_args(["--arch", "resformer", "--value-residual-gate", "sigmoid", "--value-residual-gate-impl",
@@ -188,13 +191,15 @@ def test_arguments_become_objects_in_one_place(monkeypatch):
     assert setup.precision_and_layout(parser.parse_args([]), gpu=True)[:3] == (True, True, torch.bfloat16)
     assert setup.precision_and_layout(parser.parse_args([]), gpu=False)[:3] == (False, False, torch.float32)
     config = setup.model_config(args, run.layout, run.dtype, training=True)
-    assert all(getattr(config, k) == getattr(args, k) for k in MODEL_CONFIG_KEYS), "a model flag is lost"
+    described = vars(model_args(args))  # every flag's value, the derived sizes resolved
+    assert described["num_query_groups"] == 4 and described["value_residual_gate"] == "sigmoid"
+    assert all(getattr(config, k) == described[k] for k in NAMES), "a model flag is lost"
     assert (config.arch, config.num_layers, config.params_dtype, config.bf16) == ("resformer", 4, torch.bfloat16, True)
     assert (config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size) == (2, 2)
     assert (config.recompute_granularity, config.recompute_method, config.recompute_num_layers) == ("full", "uniform", 2)
     plain = setup.model_config(args)  # the planner's: no layout, dtype or training-only fields
     assert (plain.pipeline_model_parallel_size, plain.recompute_granularity, plain.bf16) == (1, None, False)
-    assert all(getattr(plain, k) == getattr(args, k) for k in MODEL_CONFIG_KEYS)
+    assert all(getattr(plain, k) == described[k] for k in NAMES)
 
     args = parser.parse_args(["--lr", "2e-3", "--min-lr", "2e-4", "--train-iters", "50", "--lr-warmup-fraction",
                               "0.1", "--lr-decay-style", "linear", "--weight-decay", "0.05"])

@@ -45,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from megatron_sat.archs import ARCHS  # (import-free: the help and the parser need no megatron)
+from megatron_sat.model.args import SHAPE  # no torch either
 
 # The rest of the library (torch, megatron: profiling/settings.py, throughput.py, report.py) is imported inside the
 # functions main calls once the command line is parsed, so that --help answers at once.
@@ -60,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "debug_satformer, satformer_760M); its arch is replaced by each of --archs")
     src.add_argument("--scale", help="a paper scale (130M, 340M, 760M, 1.3B: the paper recipe at that scale) or a "
                                      "recipes.SIZES shape (tiny, demo, small, ...)")
-    for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                 "seq_length", "micro_batch_size", "global_batch_size", "vocab_size"):  # the trainer's flags
+    for name in SHAPE + ("seq_length", "micro_batch_size", "global_batch_size", "vocab_size"):  # the trainer's flags
         a("--" + name.replace("_", "-"), type=int, default=None)
     a("--tp", "--tensor-model-parallel-size", dest="tp", type=int, default=None)
     a("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=None)

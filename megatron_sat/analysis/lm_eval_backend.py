@@ -49,20 +49,18 @@ from megatron_sat.parallel.process_group import init_from_env
 from megatron_sat.parallel.world import world_from_env
 from megatron_sat.training import run_paths
 from megatron_sat.training.arguments import build_parser
-from megatron_sat.training.setup import model_config
+from megatron_sat.training.setup import described_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# trainer arguments whose default changed after checkpoints were written without recording them, with the value
-# such checkpoints were trained with (the converter, conversion/megatron_io.py, reads them the same way)
-DEFAULTS_BEFORE = {"qk_norm_eps": 1e-6}
 
 
 def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int = 1, verify: bool = True):
     """(model, HF tokenizer, max length) of a trainer checkpoint (run folder or iter_XXXXXXX), any arch, at TP1/PP1
     in one process, or at TP `tensor_parallel` with as many processes (torchrun; this rank's shard).
 
-    The model is built from the arguments the trainer recorded in the checkpoint, the way the trainer builds it
-    (training/setup.py's model_config), so every arch and switch the trainer knows loads here. Its files are
+    The model is built from the arguments the trainer recorded in the checkpoint, read as the converter reads them
+    (megatron_io.spec_from_args: model/args.py's from_record) and built as the trainer builds it
+    (training/setup.py), so every arch and switch the trainer knows loads here. Its files are
     checked against its manifest first (megatron_io.find_checkpoint; verify=False: --no-verify-checkpoint)."""
     if dtype != "auto" and dtype not in DTYPES:
         raise ConversionError(f"unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}")
@@ -75,21 +73,16 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
     metadata = megatron_io.tensor_metadata(iter_dir)
     if megatron_io.EMBEDDING_KEY not in metadata:
         raise ConversionError(f"{iter_dir} has no {megatron_io.EMBEDDING_KEY}: not a megatron_sat model checkpoint")
-    args = build_parser().parse_args([])  # defaults for what an older run did not record
-    vars(args).update({k: v for k, v in recorded.items() if k in vars(args)})
-    for key, value in DEFAULTS_BEFORE.items():  # an older run recorded none: it trained with the old default
-        if key in vars(args) and key not in recorded:
-            setattr(args, key, value)
+    spec = megatron_io.spec_from_args(recorded, metadata)  # the converter's reading of the recorded arguments
     params_dtype = DTYPES.get(dtype) or metadata[megatron_io.EMBEDDING_KEY].dtype
     layout = Layout(tp=tensor_parallel)
-    initialize(layout, seed=args.seed)
-    config = model_config(args, layout, params_dtype)
-    vocab_size = metadata[megatron_io.EMBEDDING_KEY].global_shape[0]
-    if vocab_size % tensor_parallel:
-        raise ConversionError(f"the checkpoint's vocabulary ({vocab_size} rows) does not split over TP {tensor_parallel}")
-    model = build_model(config, vocab_size=vocab_size, max_sequence_length=args.seq_length, backend="local",
-                        rotary_base=args.rotary_base,
-                        share_embeddings_and_output_weights="output_layer.weight" not in metadata)[0]
+    initialize(layout, seed=recorded.get("seed", build_parser().get_default("seed")))
+    config = described_config(spec, layout, params_dtype)
+    if spec.vocab_size % tensor_parallel:
+        raise ConversionError(f"the checkpoint's vocabulary ({spec.vocab_size} rows) does not split over TP "
+                              f"{tensor_parallel}")
+    model = build_model(config, vocab_size=spec.vocab_size, max_sequence_length=spec.max_position_embeddings,
+                        backend="local", rotary_base=spec.rotary_base, share_embeddings_and_output_weights=spec.tied)[0]
     megatron_io.load_weights(model, iter_dir, metadata)
     try:  # from any working folder (training/run_paths.py)
         source = run_paths.find_tokenizer(recorded, run_config, run_dir)
@@ -103,7 +96,7 @@ def load_checkpoint_model(path: str, dtype: str = "auto", tensor_parallel: int =
         tokenizer = load_tokenizer(source).hf
     except (OSError, ValueError) as e:
         raise ConversionError(f"the run's tokenizer {source} cannot be loaded ({str(e).splitlines()[0]})") from None
-    return model.eval(), tokenizer, args.seq_length
+    return model.eval(), tokenizer, spec.max_position_embeddings
 
 
 def _init_tensor_parallel(tp: int) -> None:

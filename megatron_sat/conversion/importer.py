@@ -40,6 +40,7 @@ from transformers import AutoTokenizer
 
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import ConversionError, hf_to_megatron, spec_from_hf_config
+from megatron_sat.model.args import FLAGGED, RESUME_FIELDS, model_args, record
 from megatron_sat.outputs import check_output
 from megatron_sat.parallel.layout import validate
 from megatron_sat.training import checkpointing as ckpt
@@ -48,9 +49,9 @@ from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
 from megatron_sat.training.setup import precision_and_layout, scheduler
 from megatron_sat.training.step import build_optimizer, wrap_ddp
 
-SHAPE_FLAGS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-               "value_residual_gate", "value_residual_last_k", "resformer_lambdas", "rotary_base", "qk_norm_eps",
-               "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
+# the flags the HF config gives: the model flags that must match on resume (model/args.py) and the rotary base; the
+# others (the gate's implementation, the output layers' init, the local core attention) are the import command's
+SHAPE_FLAGS = tuple(k for k in FLAGGED if k in RESUME_FIELDS) + ("rotary_base",)
 ADAM_STEP = 1e-30
 
 
@@ -66,19 +67,19 @@ def trainer_args(spec, trainer_argv: List[str]):
     args = parser.parse_args(trainer_argv)
     if spec.kv_channels * spec.num_attention_heads != spec.hidden_size:
         raise ConversionError(f"head_dim {spec.kv_channels} != hidden_size / heads: the trainer cannot build it")
-    if abs(spec.norm_eps - 1e-6) > 1e-12:
-        raise ConversionError(f"RMSNorm eps {spec.norm_eps}: the trainer's models use 1e-6")
+    if abs(spec.layernorm_epsilon - 1e-6) > 1e-12:
+        raise ConversionError(f"RMSNorm eps {spec.layernorm_epsilon}: the trainer's models use 1e-6")
     if not spec.tied:
         raise ConversionError("untied input and output embeddings: the trainer's models tie them")
     if float(spec.rotary_base) != int(spec.rotary_base):
         raise ConversionError(f"rope theta {spec.rotary_base} is not an integer (--rotary-base is)")
-    args.arch, args.num_layers, args.hidden_size = spec.arch, spec.num_layers, spec.hidden_size
-    args.num_attention_heads, args.num_query_groups = spec.num_attention_heads, spec.num_query_groups
-    args.ffn_hidden_size, args.rotary_base = spec.ffn_hidden_size, int(spec.rotary_base)
-    args.value_residual_gate, args.value_residual_last_k = spec.value_residual_gate, spec.value_residual_last_k
-    args.resformer_lambdas, args.qk_norm_eps = spec.resformer_lambdas, spec.qk_norm_eps
-    args.hc_expansion_rate, args.hc_dynamic = spec.hc_expansion_rate, spec.hc_dynamic
-    args.muddformer_param_realloc = spec.muddformer_param_realloc
+    for name in SHAPE_FLAGS[:-1]:  # the model as flags: the trainer builds the rest (ModelArgs' fixed fields) itself
+        setattr(args, name, getattr(spec, name))
+    built = record(model_args(args))
+    fixed = [f"{k} {getattr(spec, k)!r}" for k in RESUME_FIELDS if built[k] != getattr(spec, k)]
+    if fixed:
+        raise ConversionError(f"this model has {', '.join(fixed)}, which the trainer's models do not have")
+    args.rotary_base = int(spec.rotary_base)
     if "seq_length" not in given:
         args.seq_length = spec.max_position_embeddings
     return args
@@ -154,10 +155,12 @@ def _write(save, hf_dir, spec, args, chunks, optimizer, lr_scheduler, weights, t
         if not args.tokenizer_model:
             args.tokenizer_model = tok_dir
     recorded = {k: v for k, v in vars(args).items()}
-    path = ckpt.save_checkpoint(save, 0, chunks, optimizer, lr_scheduler, consumed_samples=0, args=recorded)
+    model = record(model_args(args))  # the model's ModelArgs, as the trainer records it
+    path = ckpt.save_checkpoint(save, 0, chunks, optimizer, lr_scheduler, consumed_samples=0, args=recorded,
+                                model=model)
     with open(os.path.join(save, "config.json.tmp"), "w") as f:
-        json.dump(dict(recorded, vocab_size=spec.vocab_size, imported_from=os.path.abspath(hf_dir)), f, indent=1,
-                  sort_keys=True, default=str)
+        json.dump(dict(recorded, vocab_size=spec.vocab_size, imported_from=os.path.abspath(hf_dir), model=model), f,
+                  indent=1, sort_keys=True, default=str)
     os.replace(os.path.join(save, "config.json.tmp"), os.path.join(save, "config.json"))
     info = dict(arch=spec.arch, checkpoint=path, layout=target.describe(target.tp * target.pp),
                 parameters=sum(t.numel() for t in weights.values()), dtype=str(dtype).replace("torch.", ""))

@@ -22,8 +22,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from megatron_sat.archs import ARCHS, ffn_size
-from megatron_sat.archs import mixing_layers as archs_mixing_layers
+from megatron_sat.archs import ARCHS
+from megatron_sat.model.args import ModelArgs
 
 CONVERTIBLE = ARCHS  # every arch has an HF format
 # the SATFormer authors' model_type and class-name prefix of each arch exported with remote code
@@ -46,29 +46,19 @@ def unsupported_arch(arch: str, what: str = "arch") -> ConversionError:
     return ConversionError(f"{what} {arch!r} cannot be converted; supported archs: {', '.join(CONVERTIBLE)}")
 
 
-@dataclass
-class ModelSpec:
-    arch: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    ffn_hidden_size: int
-    kv_channels: int
+@dataclass(kw_only=True)
+class ModelSpec(ModelArgs):
+    """One model for the conversion: its ModelArgs (model/args.py: shape, arch switches, norms) plus what the
+    trainer keeps outside the model's description: the vocabulary (padded, as stored), the positions, the rotary
+    base and whether the output layer is tied to the word embedding."""
+
     vocab_size: int
     max_position_embeddings: int
     rotary_base: float = 10000.0
-    norm_eps: float = 1e-6
-    qk_norm_eps: float = 1e-5
-    value_residual_gate: str = "relu"
-    value_residual_last_k: Optional[int] = None
-    resformer_lambdas: str = "learned"
-    hc_expansion_rate: int = 4
-    hc_dynamic: bool = True
-    muddformer_param_realloc: bool = True
     tied: bool = True
 
     def __post_init__(self):
+        super().__post_init__()
         if self.arch not in CONVERTIBLE:
             raise unsupported_arch(self.arch)
         if self.num_attention_heads % self.num_query_groups:
@@ -77,15 +67,6 @@ class ModelSpec:
         if self.arch != "transformer" and self.kv_channels * self.num_attention_heads != self.hidden_size:
             raise ConversionError(f"{self.arch} exports need head_dim = hidden_size / heads "
                                   f"({self.hidden_size}/{self.num_attention_heads}), got kv_channels={self.kv_channels}")
-
-    @property
-    def mixing_layers(self) -> list:
-        """1-based layers that mix V1 (as SATConfig.mixing_layers)."""
-        return archs_mixing_layers(self)
-
-    def ffn(self, layer_number: int) -> int:
-        """FFN width of 1-based layer_number (MUDDFormer's vary with depth)."""
-        return ffn_size(self, layer_number)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,8 +85,8 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
             hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
             num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
             num_key_value_heads=spec.num_query_groups, head_dim=spec.kv_channels, hidden_act="silu",
-            max_position_embeddings=spec.max_position_embeddings, initializer_range=0.02,
-            rms_norm_eps=spec.norm_eps, qk_norm_eps=spec.qk_norm_eps, use_cache=True,
+            max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.init_method_std,
+            rms_norm_eps=spec.layernorm_epsilon, qk_norm_eps=spec.qk_norm_eps, use_cache=True,
             auto_map={"AutoConfig": "modeling_transformer.Qwen3Config",
                       "AutoModelForCausalLM": "modeling_transformer.Qwen3ForCausalLM"}, tie_word_embeddings=spec.tied,
             rope_theta=float(spec.rotary_base),
@@ -124,7 +105,7 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
         rope_theta=float(spec.rotary_base), max_position_embeddings=spec.max_position_embeddings,
         hidden_ratio=spec.ffn_hidden_size // spec.hidden_size if spec.ffn_hidden_size % spec.hidden_size == 0
         else spec.ffn_hidden_size / spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
-        hidden_act="swish", initializer_range=0.02, elementwise_affine=True, norm_eps=spec.norm_eps,
+        hidden_act="swish", initializer_range=spec.init_method_std, elementwise_affine=True, norm_eps=spec.layernorm_epsilon,
         qk_norm_eps=spec.qk_norm_eps,
         use_cache=True, tie_word_embeddings=spec.tied, fuse_norm=False, fuse_swiglu=False,
         fuse_cross_entropy=False, fuse_linear_cross_entropy=False, use_l2warp=False,
@@ -169,7 +150,7 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
                   num_query_groups=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
                   ffn_hidden_size=cfg["intermediate_size"],
                   kv_channels=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-                  rotary_base=theta, norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                  rotary_base=theta, layernorm_epsilon=cfg.get("rms_norm_eps", 1e-6),
                   # native Qwen3 normalises q/k with rms_norm_eps
                   qk_norm_eps=cfg.get("qk_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
                   tied=cfg.get("tie_word_embeddings", False))
@@ -196,7 +177,7 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         kw = dict(arch=arch, num_layers=cfg["num_hidden_layers"], hidden_size=h,
                   num_attention_heads=cfg["num_heads"], num_query_groups=cfg.get("num_kv_heads") or cfg["num_heads"],
                   ffn_hidden_size=ffn, kv_channels=h // cfg["num_heads"], rotary_base=cfg.get("rope_theta", 1e4),
-                  norm_eps=cfg.get("norm_eps", 1e-6), value_residual_last_k=cfg.get("value_residual_last_k"),
+                  layernorm_epsilon=cfg.get("norm_eps", 1e-6), value_residual_last_k=cfg.get("value_residual_last_k"),
                   qk_norm_eps=cfg.get("qk_norm_eps", 1e-5),  # the authors' configs have none: fla's default 1e-5
                   tied=cfg.get("tie_word_embeddings", False))
         if mt == "SATFormer":

@@ -18,6 +18,7 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
 from megatron_sat.conversion.mapping import CONVERTIBLE, ConversionError, ModelSpec, unsupported_arch
+from megatron_sat.model.args import from_record, record
 from megatron_sat.model.config import make_config
 from megatron_sat.model.gpt import build_model
 from megatron_sat.parallel.layout import Layout, initialize
@@ -128,28 +129,20 @@ def tensor_metadata(iter_dir: str) -> dict:
 
 
 def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
-    """ModelSpec from the trainer's arguments; vocabulary and tying from the stored tensors."""
+    """ModelSpec from the trainer's recorded arguments (model/args.py's from_record: the one way recorded arguments
+    become a model, older runs' missing fields from LEGACY_DEFAULTS); vocabulary and tying from the stored tensors.
+    The converter and lm-eval's checkpoint loader both build from it."""
     if args["arch"] not in CONVERTIBLE:
         raise unsupported_arch(args["arch"], "the checkpoint's arch")
     if EMBEDDING_KEY not in metadata:
         raise ConversionError(f"the checkpoint has no {EMBEDDING_KEY}")
     vocab, hidden = metadata[EMBEDDING_KEY].global_shape
-    h, heads = args["hidden_size"], args["num_attention_heads"]
-    if hidden != h:
-        raise ConversionError(f"the checkpoint's embedding is {hidden} wide but its args say hidden_size={h}")
-    return ModelSpec(
-        arch=args["arch"], num_layers=args["num_layers"], hidden_size=h, num_attention_heads=heads,
-        num_query_groups=args.get("num_query_groups") or heads, ffn_hidden_size=args.get("ffn_hidden_size") or 4 * h,
-        kv_channels=args.get("kv_channels") or h // heads, vocab_size=vocab,
-        max_position_embeddings=args.get("seq_length") or 4096, rotary_base=args.get("rotary_base") or 10000,
-        value_residual_gate=args.get("value_residual_gate") or "relu",
-        value_residual_last_k=args.get("value_residual_last_k"),
-        resformer_lambdas=args.get("resformer_lambdas") or "learned",
-        qk_norm_eps=args.get("qk_norm_eps", 1e-6),  # checkpoints that record none were trained with 1e-6
-        hc_expansion_rate=args.get("hc_expansion_rate") or 4, hc_dynamic=args.get("hc_dynamic", True),
-        muddformer_param_realloc=args.get("muddformer_param_realloc", True),
-        tied="output_layer.weight" not in metadata,
-    )
+    model = from_record(args)
+    if hidden != model.hidden_size:
+        raise ConversionError(f"the checkpoint's embedding is {hidden} wide but its args say "
+                              f"hidden_size={model.hidden_size}")
+    return ModelSpec(**record(model), vocab_size=vocab, max_position_embeddings=args.get("seq_length") or 4096,
+                     rotary_base=args.get("rotary_base") or 10000, tied="output_layer.weight" not in metadata)
 
 
 def make_model(spec: ModelSpec, dtype: torch.dtype, **config_overrides):
@@ -158,18 +151,10 @@ def make_model(spec: ModelSpec, dtype: torch.dtype, **config_overrides):
     SATFormer is built with the separate gate, whose parameters are the tensors both gate impls store in
     checkpoints (linear_qkv.weight and value_residual_gate.weight, megatron_sat.model.fused_gate), so
     a checkpoint of either impl loads here and named_parameters() has the names mapping.py converts."""
-    config_overrides.setdefault("value_residual_gate_impl", "separate")
-
+    fields = dict(record(spec), value_residual_gate_impl="separate", params_dtype=dtype, bf16=dtype == torch.bfloat16)
+    fields.update(config_overrides)
     initialize(Layout())
-    config = make_config(
-        spec.arch, num_layers=spec.num_layers, hidden_size=spec.hidden_size,
-        num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,
-        ffn_hidden_size=spec.ffn_hidden_size, kv_channels=spec.kv_channels, layernorm_epsilon=spec.norm_eps,
-        value_residual_gate=spec.value_residual_gate, value_residual_last_k=spec.value_residual_last_k,
-        resformer_lambdas=spec.resformer_lambdas, qk_norm_eps=spec.qk_norm_eps,
-        hc_expansion_rate=spec.hc_expansion_rate, hc_dynamic=spec.hc_dynamic,
-        muddformer_param_realloc=spec.muddformer_param_realloc, params_dtype=dtype, bf16=dtype == torch.bfloat16,
-        **config_overrides)
+    config = make_config(**fields)
     chunks = build_model(config, vocab_size=spec.vocab_size, max_sequence_length=spec.max_position_embeddings,
                          backend="local", rotary_base=spec.rotary_base,
                          share_embeddings_and_output_weights=spec.tied)

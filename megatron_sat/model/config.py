@@ -16,7 +16,7 @@ Which layers mix V1 (1-based global layer numbers, L layers):
     layers 2..L        mix V1, or only the last k of them with value_residual_last_k=k
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
@@ -24,63 +24,16 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from megatron_sat.archs import DENSE, GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, VALUE_RESIDUAL, arch_errors
-from megatron_sat.archs import mixing_layers as archs_mixing_layers
+from megatron_sat.archs import GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, arch_errors
+from megatron_sat.model.args import NAMES, ModelArgs
 from megatron_sat.model.fused_gate import applies as fused_gate_applies
 
 
 @dataclass
-class SATConfig(TransformerConfig):
-    """TransformerConfig with the SATFormer / ResFormer switches."""
-
-    arch: str = "satformer"
-    """One of megatron_sat.archs.ARCHS. 'transformer' is plain Megatron; resformer and satformer carry V1
-    through the model (VALUE_RESIDUAL), the others are the dense-connection baselines (BASELINES)."""
-
-    value_residual_gate: str = "relu"
-    """SATFormer gate function applied to x @ W_alpha (one of GATES); relu is the paper's."""
-
-    value_residual_gate_impl: str = "fused"
-    """'fused': W_alpha's N_kv rows inside linear_qkv, one per KV group, and the mix in one GPU kernel
-    (megatron_sat.model.fused_gate); 'separate': its own GEMM on the normalised x. Same function and
-    checkpoints. Fused needs num_query_groups divisible by TP and no QKV bias; otherwise the gate is
-    separate (fused_value_residual_gate says which one runs)."""
-
-    value_residual_last_k: Optional[int] = None
-    """Mix V1 only into the last k layers (1 <= k <= num_layers - 1); None mixes into layers 2..L."""
-
-    resformer_lambdas: str = "learned"
-    """ResFormer: 'fixed' is V' = 0.5 V1 + 0.5 V; 'learned' is the SATFormer authors' baseline:
-    per-layer lambda2 (init 0.5) and lambda1 = s * softmax(logits) over all L - 1 layers after the first
-    (s init to L, logits init 0; with last-k the non-mixing layers' logits stay in the softmax, as the
-    authors'), a vector shared by every pipeline stage."""
-
-    value_residual_gate_init_std: float = 0.02
-    """Std of the normal init of W_alpha."""
-
-    hc_expansion_rate: int = 4
-    """Hyper-Connections: number n of residual streams (the authors' configs: 4)."""
-
-    hc_dynamic: bool = True
-    """Hyper-Connections: token-dependent (dynamic) connection weights on top of the static ones."""
-
-    output_layer_init: str = "scaled"
-    """Init of the attention-output and MLP-down projections: 'scaled' is Megatron's N(0, std / sqrt(2L));
-    'unscaled' is N(0, std), as the SATFormer authors' models (rescale_prenorm_residual=False) and the paper
-    recipes. Ignored when output_layer_init_method is given."""
-
-    local_attention: str = "sdpa"
-    """Core attention of the local (non-TE) backend: 'sdpa' is torch's scaled_dot_product_attention (flash /
-    cuDNN / memory-efficient kernels on a GPU; megatron_sat.model.core_attention), 'dot_product' Megatron's
-    DotProductAttention (materialises the [b, heads, s, s] scores). Not a weight: checkpoints load in either."""
-
-    qk_norm_eps: float = 1e-5
-    """Eps of the per-head q and k RMSNorms (QK-norm). The SATFormer authors' attention builds them with
-    flash-linear-attention's RMSNorm default, 1e-5, never with norm_eps (1e-6, layernorm_epsilon here)."""
-
-    muddformer_param_realloc: bool = True
-    """MUDDFormer: FFN width grows linearly from 0.5x (layer 1) to 1.5x (layer L) of ffn_hidden_size,
-    rounded to a multiple of 256 (the authors' configs), keeping the total about the same."""
+class SATConfig(TransformerConfig, ModelArgs):
+    """TransformerConfig with the SATFormer / ResFormer switches: ModelArgs' fields (model/args.py, where each
+    is described) that TransformerConfig does not have, with ModelArgs' defaults. TransformerConfig's own fields
+    keep its defaults; make_config fills in the paper's (ModelArgs' fixed fields)."""
 
     def __post_init__(self):
         if self.output_layer_init not in OUTPUT_LAYER_INITS:
@@ -124,23 +77,9 @@ class SATConfig(TransformerConfig):
             raise ValueError("attention_output_gate is not supported with a value-residual arch")
 
     @property
-    def uses_value_residual(self) -> bool:
-        return self.arch in VALUE_RESIDUAL
-
-    @property
     def fused_value_residual_gate(self) -> bool:
         """SATFormer's gate rows live in linear_qkv (value_residual_gate_impl 'fused', where it applies)."""
         return fused_gate_applies(self, self.tensor_model_parallel_size)
-
-    @property
-    def is_dense(self) -> bool:
-        """DenseFormer and MUDDFormer: layers read a growing list of all earlier layers' outputs."""
-        return self.arch in DENSE
-
-    @property
-    def mixing_layers(self) -> list:
-        """Global 1-based numbers of the layers that mix V1 into their values."""
-        return archs_mixing_layers(self)
 
     @property
     def v1_channels(self) -> int:
@@ -175,20 +114,15 @@ def make_config(
     ffn_hidden_size: Optional[int] = None,
     **overrides,
 ) -> SATConfig:
-    """The paper's Llama-style block with the given sizes; any TransformerConfig field can be overridden."""
+    """The paper's Llama-style block (ModelArgs' fixed fields) with the given sizes; any TransformerConfig or
+    ModelArgs field can be overridden."""
+    described = {k: overrides.pop(k) for k in NAMES if k in overrides}
+    model = ModelArgs(arch=arch, num_layers=num_layers, hidden_size=hidden_size,
+                      num_attention_heads=num_attention_heads, num_query_groups=num_query_groups,
+                      ffn_hidden_size=ffn_hidden_size, **described)
     fields = dict(
-        arch=arch,
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        num_query_groups=num_query_groups or num_attention_heads,
-        ffn_hidden_size=ffn_hidden_size or 4 * hidden_size,
-        normalization="RMSNorm",
-        layernorm_epsilon=1e-6,
-        qk_layernorm=True,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
+        asdict(model),
+        activation_func=F.silu,  # with gated_linear_unit: SwiGLU
         add_qkv_bias=False,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
@@ -198,7 +132,6 @@ def make_config(
         gradient_accumulation_fusion=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        init_method_std=0.02,
     )
     fields.update(overrides)
     return SATConfig(**fields)

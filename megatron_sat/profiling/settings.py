@@ -22,6 +22,7 @@ from typing import List, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import arch_label, arch_label_errors
+from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.layout import validate
 from megatron_sat.parallel.world import world_from_env
 from megatron_sat.training.arguments import arch_flag_errors, recipe_args, recipe_defaults, world_errors
@@ -29,7 +30,7 @@ from megatron_sat.training.setup import model_config, precision_and_layout
 
 ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
            "mudd": "muddformer", "dwa": "denseformer"}  # other spellings of the baselines, for a hint
-SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+SHAPE_KEYS = model_args.SHAPE  # the model's size (model/args.py)
 # the tool's flags that set a trainer argument: tool dest -> trainer dest
 TRAINER_FLAGS = dict({k: k for k in SHAPE_KEYS + ("seq_length", "micro_batch_size", "global_batch_size", "vocab_size",
                                                   "use_distributed_optimizer", "seed")},
@@ -74,7 +75,7 @@ def trainer_args(options: argparse.Namespace) -> Tuple[argparse.Namespace, str]:
         args.bf16 = options.precision == "bf16"
     if options.recompute:
         args.recompute_granularity = None if options.recompute == "none" else options.recompute
-    if any(given.get(k) is None and getattr(options, k) is None for k in SHAPE_KEYS[:3]):
+    if any(given.get(k) is None and getattr(options, k) is None for k in model_args.REQUIRED):
         raise ValueError(f"{source} sets no model shape; give --num-layers, --hidden-size and --num-attention-heads")
     return args, source
 

@@ -16,7 +16,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from megatron_sat import archs
-from megatron_sat.archs import ARCHS, GATES
+from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.outputs import check_output
 from megatron_sat.parallel.world import world_from_env  # torchrun's or srun's world, without importing torch
 from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
@@ -54,6 +54,23 @@ def unnamed_dests(parser: Optional[argparse.ArgumentParser] = None) -> set:
     return {a.dest for a in (parser or build_parser())._actions if getattr(a, "names_run", True) is False}
 
 
+def add_model_flags(add) -> None:
+    """One flag per ModelArgs field that names one (model/args.py), with its default, help, choices and names_run
+    tag, under the field's name as dest; a bool field's flag switches it away from its default."""
+    for f in model_args.FIELDS:
+        facts = f.metadata
+        if not facts["flag"]:
+            continue
+        kwargs = dict(dest=f.name, default=f.default, help=facts["help"], names_run=facts["names_run"])
+        if isinstance(f.default, bool):
+            kwargs["action"] = "store_false" if f.default else "store_true"
+        else:
+            kwargs["type"] = model_args.flag_type(f)
+            if facts["choices"]:
+                kwargs["choices"] = list(facts["choices"])
+        add(facts["flag"], **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="megatron-sat-train",
@@ -75,31 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
            "reproduces that run); overrides --recipe, flags override it")
     g("--print-config", action="store_true",
       help="print the resolved arguments as a config file (YAML) and exit 0; nothing is checked on disk")
-    g("--arch", default="satformer", help=f"one of {', '.join(ARCHS)}")
-    required = "required unless --recipe or --config gives it (no default)"
-    g("--num-layers", type=int, default=4, help=required)
-    g("--hidden-size", type=int, default=64, help=required)
-    g("--num-attention-heads", type=int, default=4, help=required)
-    g("--num-query-groups", type=int, default=None, help="KV heads (default: = attention heads)")
-    g("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden")
-    g("--value-residual-gate", default="relu", help=f"SATFormer gate, one of {', '.join(GATES)}")
-    g("--value-residual-gate-impl", default="fused",
-      help=f"SATFormer gate: {' | '.join(archs.GATE_IMPLS)} (fused: W_alpha's rows in the QKV projection and the "
-           "mix in one GPU kernel; separate: its own GEMM, for A/B runs); checkpoints load in either")
-    g("--value-residual-last-k", type=int, default=None, help="mix V1 into the last k layers only")
-    g("--resformer-lambdas", default="learned", choices=list(archs.RESFORMER_LAMBDAS))
-    g("--hc-expansion-rate", type=int, default=4, help="hyperconnections: number of residual streams n")
-    g("--hc-static", dest="hc_dynamic", action="store_false",
-      help="hyperconnections: static connection weights only (default: dynamic, tanh, as the authors)")
-    g("--no-muddformer-param-realloc", dest="muddformer_param_realloc", action="store_false",
-      help="muddformer: same FFN width in every layer (default: 0.5x at layer 1 to 1.5x at layer L)")
-    g("--qk-norm-eps", type=float, default=1e-5,
-      help="eps of the per-head q/k RMSNorms (the SATFormer authors': 1e-5; the other norms use 1e-6). "
-           "Checkpoints that record none used the other norms' eps (1e-6): resuming one asks for --qk-norm-eps 1e-6")
+    add_model_flags(g)  # model/args.py's ModelArgs: the shape and every arch switch
     g("--rotary-base", type=int, default=10000)
-    g("--output-layer-init", default="scaled", choices=list(archs.OUTPUT_LAYER_INITS),
-      help="attention-output and MLP-down projections: scaled = N(0, std / sqrt(2L)) (Megatron), unscaled = "
-           "N(0, std) (the SATFormer authors; the paper recipes)")
     g("--recompute-granularity", default=None, choices=["full", "selective"], names_run=False)
     g("--recompute-method", default=None, choices=["uniform", "block"],
       help="with --recompute-granularity full (Megatron-LM's meaning): uniform = checkpoint every "
@@ -114,9 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     g("--context-parallel-size", type=int, default=1, names_run=True, help="needs Transformer Engine attention (GPU)")
     g("--transformer-impl", default="auto", choices=["auto", "local", "transformer_engine"], names_run=True,
       help="layer implementation; auto = transformer_engine when it imports on a GPU, else local")
-    g("--local-attention", default="sdpa", choices=list(archs.LOCAL_ATTENTION), names_run=True,
-      help="core attention of the local implementation: sdpa = torch's scaled_dot_product_attention (flash "
-           "kernels on GPUs), dot_product = Megatron's DotProductAttention (materialises the s x s scores)")
     g("--fp8-format", default=None, choices=["e4m3", "hybrid"], names_run=True,
       help="FP8 GEMMs (Transformer Engine, Hopper+)")
     g("--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
@@ -321,7 +312,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 # the model shape: required flags unless a recipe or a config file gives them (Megatron-LM requires them)
-REQUIRED_SHAPE = ("num_layers", "hidden_size", "num_attention_heads")
+REQUIRED_SHAPE = model_args.REQUIRED
 
 
 def resolve_args(argv: List[str]):
@@ -598,18 +589,6 @@ def arch_flag_errors(args: argparse.Namespace) -> List[str]:
                              hc_expansion_rate=args.hc_expansion_rate, value_residual_gate=args.value_residual_gate,
                              resformer_lambdas=args.resformer_lambdas,
                              value_residual_gate_impl=args.value_residual_gate_impl)
-
-
-# the arch switches of megatron_sat.model.config.SATConfig, under the same names as the trainer's argument dests
-MODEL_CONFIG_KEYS = ("value_residual_gate", "value_residual_gate_impl", "value_residual_last_k", "resformer_lambdas",
-                     "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc", "output_layer_init", "local_attention",
-                     "qk_norm_eps")
-
-
-def model_config_fields(args: argparse.Namespace) -> dict:
-    """The arch switches of SATConfig from parsed trainer arguments (training/setup.py's model_config, through
-    which every tool turns arguments into a model config, passes these: a new flag reaches all of them)."""
-    return {k: getattr(args, k) for k in MODEL_CONFIG_KEYS}
 
 
 def split_path_errors(args: argparse.Namespace) -> List[str]:

@@ -47,6 +47,7 @@ from typing import Optional
 
 import psutil
 
+from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.training import records
 from megatron_sat.training.arguments import recipe_args
 
@@ -82,7 +83,7 @@ def start_wandb(wandb, mode: Optional[str], say, **init):
     return wandb.init(mode="offline", **init), "offline"
 
 
-SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+SHAPE_KEYS = model_args.SHAPE  # the model's size (model/args.py)
 
 
 def scale_name(config: dict) -> str:

@@ -88,6 +88,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import ffn_size
+from megatron_sat.model.args import LAYER_PARTS, chunk_parameters, layer_parameters
 from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
 from megatron_sat.model.sizes import count_parameters
 from megatron_sat.training.arguments import recipe_args
@@ -280,35 +281,14 @@ def _chunk_layers(num_layers: int, chunks: int) -> List[range]:
 
 def _layer_params(cfg, layer: int, t: int) -> Tuple[float, float]:
     """(TP-sharded over all TP ranks, replicated on each) parameters of global layer `layer`, exactly as built
-    (megatron_sat.model.sizes.count_parameters, layer by layer: which layers mix V1, depth-grown connections)."""
-    from megatron_sat.model import fused_gate  # torch (1 s): not at import (see make_plan)
-
-    h, hn, nq, ng = cfg.hidden_size, cfg.kv_channels, cfg.num_attention_heads, cfg.num_query_groups
-    sharded = h * (nq + 2 * ng) * hn + nq * hn * h + h * ffn_size(cfg, layer) * (3 if cfg.gated_linear_unit else 2)
-    replicated = 2 * h + (2 * hn if cfg.qk_layernorm else 0)  # input and pre-MLP norms, q and k norms
-    mixes = layer in cfg.mixing_layers
-    if cfg.arch == "satformer" and mixes:
-        if fused_gate.applies(cfg, t):  # W_alpha's rows and their zero padding, sharded with linear_qkv
-            sharded += ng * h + h * fused_gate.padding_rows(cfg, t)
-        else:  # the separate gate: W_alpha replicated over TP
-            replicated += ng * h
-    elif cfg.arch == "resformer" and cfg.resformer_lambdas == "learned" and mixes:
-        replicated += 1  # lambda2
-    elif cfg.arch == "denseformer":
-        replicated += layer + 1  # DWA weights over X_0..X_i
-    elif cfg.arch == "muddformer":
-        C, k = (4 if layer < cfg.num_layers else 1), layer + 1
-        replicated += 2 * h + C * k * h + (C * k) ** 2 + C * k + k * h + C * h  # k/v norms; w1, w2, static, norms
-    elif cfg.arch == "hyperconnections":
-        n = cfg.hc_expansion_rate
-        hc = n * (n + 1) + n + ((h + h * (n + 1) + h + 2) if cfg.hc_dynamic else 0)
-        replicated += 2 * hc  # before attention and before the MLP
-    return sharded, replicated
+    (model/args.py's layer_parameters, which model/sizes.py sums too)."""
+    parts = layer_parameters(cfg, layer, t)
+    return parts["sharded"], sum(parts[p] for p in LAYER_PARTS) - parts["sharded"]
 
 
 def _chunk_params(cfg) -> int:
-    """Parameters every model chunk holds once: ResFormer's learned lambda1 (L - 1 logits and a scale)."""
-    return cfg.num_layers if cfg.arch == "resformer" and cfg.resformer_lambdas == "learned" else 0
+    """Parameters every model chunk holds once (model/args.py's chunk_parameters: ResFormer's learned lambda1)."""
+    return chunk_parameters(cfg)
 
 
 def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, act: float, local: bool,

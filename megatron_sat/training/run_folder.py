@@ -14,16 +14,15 @@ import re
 import shutil
 from typing import Dict, List, Optional, Tuple
 
+from megatron_sat.model import args as model_args  # no torch
+
 TRACKER = "latest_checkpointed_iteration.txt"
 _ITER = re.compile(r"^iter_(\d{7,})$")
 _STALE = re.compile(r"^iter_\d{7,}\.(tmp|del)$")
 
 # model fields that must match for a checkpoint to be resumed (or its weights loaded): the shape and the
-# function of the model. Precision, recompute and parallel layout may change between runs.
-RESUME_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-                 "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_norm_eps", "qk_layernorm", "gated_linear_unit",
-                 "add_bias_linear", "value_residual_gate", "value_residual_last_k", "resformer_lambdas",
-                 "mixing_layers", "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc")
+# function of the model, marked so in model/args.py. Precision, recompute and parallel layout may change between runs.
+RESUME_FIELDS = model_args.RESUME_FIELDS
 
 
 class CheckpointError(RuntimeError):
@@ -160,10 +159,9 @@ def retain(root: str, previous: Optional[int], new: int, interval: Optional[int]
 
 
 def model_differences(saved: Dict, now: Dict) -> List[str]:
-    """'field: checkpoint X, now Y' for every resume field that differs (fields the checkpoint lacks are
-    skipped: older checkpoints record fewer)."""
-    if "qk_norm_eps" not in saved and "layernorm_epsilon" in saved:  # saved before q/k norms had an eps of their own
-        saved = dict(saved, qk_norm_eps=saved["layernorm_epsilon"])
+    """'field: checkpoint X, now Y' for every resume field that differs. Fields the checkpoint lacks are skipped
+    (older checkpoints record fewer), except those whose value before they were recorded is known
+    (model/args.py's LEGACY_DEFAULTS)."""
+    saved = model_args.with_legacy(saved)
     return [f"{k} {saved[k]!r} in the checkpoint, {now.get(k)!r} now"
             for k in RESUME_FIELDS if k in saved and saved[k] != now.get(k)]
-

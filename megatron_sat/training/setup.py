@@ -7,8 +7,8 @@ precision, the parallel layout and the LR scheduler.
     scheduler = setup.scheduler(optimizer, args)
 
 The trainer, the planner, the HF importer, the lm-eval backend, the throughput profiler and the test workers all
-build from here. A new model flag is added once, to MODEL_CONFIG_KEYS (training/arguments.py) under its SATConfig
-field name, and reaches every one of them.
+build from here. A new model switch is added once, as a field of ModelArgs (model/args.py), and reaches every one
+of them.
 """
 
 import argparse
@@ -17,10 +17,10 @@ from typing import NamedTuple, Optional
 import torch
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from megatron_sat.model.args import model_args, record
 from megatron_sat.model.config import SATConfig, make_config
 from megatron_sat.parallel.layout import Layout
 from megatron_sat.training import schedule
-from megatron_sat.training.arguments import model_config_fields
 
 
 class PrecisionAndLayout(NamedTuple):
@@ -60,20 +60,26 @@ def recompute_fields(args: argparse.Namespace) -> dict:
 
 def model_config(args: argparse.Namespace, layout: Optional[Layout] = None, dtype: Optional[torch.dtype] = None, *,
                  training: bool = False) -> SATConfig:
-    """The model config of trainer arguments `args`: the shape and the arch switches (MODEL_CONFIG_KEYS); with
-    `layout` its TransformerConfig fields; with `dtype` the parameters' dtype (bf16 when bfloat16); training=True
-    also what only a training step uses (--fp8-format, --recompute-*: the trainer's and the profiler's config;
-    the planner counts recompute itself, evaluation runs no backward). ValueError for what the config refuses."""
-    fields = model_config_fields(args)
+    """The model config of trainer arguments `args`: their ModelArgs (model/args.py: the shape and the arch
+    switches); with `layout` its TransformerConfig fields; with `dtype` the parameters' dtype (bf16 when bfloat16);
+    training=True also what only a training step uses (--fp8-format, --recompute-*: the trainer's and the
+    profiler's config; the planner counts recompute itself, evaluation runs no backward). ValueError for what the
+    config refuses."""
+    extra = dict(fp8=args.fp8_format, **recompute_fields(args)) if training else {}
+    return described_config(model_args(args), layout, dtype, **extra)
+
+
+def described_config(model, layout: Optional[Layout] = None, dtype: Optional[torch.dtype] = None,
+                     **extra) -> SATConfig:
+    """The model config of a ModelArgs (or anything with its fields: the conversion's ModelSpec of a checkpoint),
+    with `layout`'s and `dtype`'s fields as model_config adds them and `extra` TransformerConfig fields."""
+    fields = record(model)
     if dtype is not None:
         fields.update(bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype)
     if layout is not None:
         fields.update(layout.config_fields(dtype or torch.float32))
-    if training:
-        fields.update(fp8=args.fp8_format, **recompute_fields(args))
-    return make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
-                       num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
-                       ffn_hidden_size=args.ffn_hidden_size, **fields)
+    fields.update(extra)
+    return make_config(**fields)
 
 
 def scheduler(optimizer, args: argparse.Namespace, mode: str = schedule.OVERRIDE) -> OptimizerParamScheduler:

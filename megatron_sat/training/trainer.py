@@ -27,6 +27,7 @@ import torch
 
 from megatron_sat import compat
 from megatron_sat.data.checks import DataError
+from megatron_sat.model.args import record as model_record
 from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
 from megatron_sat.model.specs import te_available
 from megatron_sat.parallel.layout import initialize, validate
@@ -45,14 +46,6 @@ from megatron_sat.training.setup import model_config, precision_and_layout, sche
 from megatron_sat.training.signals import StopSignal, bind_to_launcher
 from megatron_sat.training.step import NonFiniteLoss, evaluate, gpt_forward_step, setup_model_and_optimizer, train_step
 from megatron_sat.training.watchdog import Watchdog, enable_flight_recorder
-
-# resolved model fields recorded in config.json and in every checkpoint (a resume is checked against them)
-MODEL_FIELDS = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-                "ffn_hidden_size", "normalization", "layernorm_epsilon", "qk_norm_eps", "qk_layernorm", "gated_linear_unit",
-                "add_bias_linear", "init_method_std", "value_residual_gate", "value_residual_gate_impl",
-                "value_residual_last_k",
-                "resformer_lambdas", "mixing_layers", "hc_expansion_rate", "hc_dynamic", "muddformer_param_realloc",
-                "output_layer_init", "params_dtype", "sequence_parallel", "recompute_granularity")
 
 
 class UsageError(ValueError):
@@ -190,7 +183,7 @@ def configure(args, log) -> Setup:
         eval_micro, eval_passes = -(-args.eval_samples // (args.micro_batch_size * dp)), 1
     args.eval_samples_effective = eval_micro * eval_passes * args.micro_batch_size * dp  # recorded in config.json
     return Setup(config, layout, backend, bf16, dist_opt, num_micro, world, eval_micro, eval_passes,
-                 {k: getattr(config, k) for k in MODEL_FIELDS})
+                 model_record(config))  # config.json and every checkpoint record the model's ModelArgs
 
 
 def check_inputs(args, setup: Setup, log):
