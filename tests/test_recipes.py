@@ -1,5 +1,5 @@
 """The paper-grid recipes (recipes/paper.py), the layout planner (megatron_sat/training/planner.py) and the
-Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py) and run-folder names (training/sweep.py), no
+Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py) and run-folder names (megatron_sat/sweep/plan.py), no
 cluster needed.
 
     .venv/bin/python -m pytest -q tests/test_recipes.py        # about a minute on 2 cores
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
+from megatron_sat.sweep.plan import resolve
 from megatron_sat.training.arguments import build_parser, parse_args
 from megatron_sat.training.planner import estimate_memory, load_recipes, plan_recipe
-from megatron_sat.training.sweep import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 recipes = load_recipes()

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from megatron_sat.profiling import settings as profiler_settings
+from megatron_sat.sweep.plan import resolve
 from megatron_sat.training import planner
 from megatron_sat.training.arguments import build_parser, parse_args, recipe_args
 from megatron_sat.training.config_file import config_dict
 from megatron_sat.training.monitor import scale_name
-from megatron_sat.training.sweep import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = "debug_satformer"  # 4 x 64, 20 steps, global batch 8, warmup 2, mock data

@@ -36,7 +36,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _group(parser: argparse.ArgumentParser, title: Optional[str], names_run: bool):
     """add_argument of a new argument group of `parser` (of the parser itself without a title) that tags each
     flag's action with `names_run`: True for a flag whose value is part of what a run is (it goes into the run
-    folder's name, training/sweep.py: another value is another run), False for one that only says how a run is
+    folder's name, megatron_sat/sweep/plan.py: another value is another run), False for one that only says how a run is
     laid out, stored, logged or stopped (layout, micro-batch, paths, cadences), so that a run resumes under
     another value. The group's value is the default; a flag unlike its group passes its own names_run=."""
     add = parser.add_argument_group(title).add_argument if title else parser.add_argument

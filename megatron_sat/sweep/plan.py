@@ -5,10 +5,14 @@ command line (it prints, writes the manifests and submits); slurm/launch.sh asks
     python tools/submit_grid.py --dry-run --archs satformer --scales 760M --seeds 1,2
     python tools/submit_grid.py --resolve satformer_760M -- --seed 2   # RUN_NAME, TRAIN_ITERS, NEEDS_DATA
 
-A run folder's name is `{recipe}_lr{lr}_gbs{global batch}_seq{seq length}_it{train iters}_s{seed}`, plus a short
-hash of every other argument that names a run (training/arguments.py tags each flag: names_run) and differs from
-the recipe's value; the flags tagged names_run=False (layout, micro-batch, paths, cadences, logging) are left out,
-so that a run resumes under another layout, batch split, logging or checkpoint cadence.
+An entry's arguments are resolved as the trainer resolves them (recipe < --config FILE < flags, then
+--train-samples and --lr-warmup-fraction: arguments.recipe_args). A run folder's name is
+`{recipe}_lr{lr}_gbs{global batch}_seq{seq length}_it{train iters}_s{seed}` ({recipe}: an external recipe's
+function, `run` without a recipe; {train iters}: the trainer's own count), plus a short hash of every other resolved
+value that names a run (training/arguments.py tags each flag: names_run) and differs from the recipe's; the flags
+tagged names_run=False (layout, micro-batch, paths, cadences, logging, the config file's path) are left out, so that
+a run resumes under another layout, batch split, logging or checkpoint cadence, and a moved config file is the same
+run while an edited one is another.
 """
 
 import hashlib
