@@ -357,14 +357,14 @@ def test_slurm_final_states_of_a_timeout_a_cancel_and_a_dead_node(cluster, local
         assert row["slurm_state"] in line and row["reason"] in line, status
 
     # array tasks cancelled before they started: sacct lists them only under the array's id, as one range
-    from megatron_sat.analysis import grid
+    from megatron_sat.sweep import slurm
 
     held = cluster.sbatch(["--hold", "--array=0-2", "--wrap", "true"], cwd=str(tmp_path))
     cluster.run(["scancel", held])
     monkeypatch.setenv("SLURM_CONF", cluster.conf)
     deadline = time.time() + 60
     while True:  # slurmctld hands the records to slurmdbd a moment later
-        states, note = grid.sacct_states([f"{held}_2", timeout_job])
+        states, note = slurm.sacct_states([f"{held}_2", timeout_job])
         if f"{held}_2" in states or time.time() > deadline:
             break
         time.sleep(1)

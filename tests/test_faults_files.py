@@ -33,9 +33,10 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from train_cli import ROOT, env, metrics, start, train, wait_for
 
-from megatron_sat.analysis.grid import read_metrics, record_sweep, sweep_records
+from megatron_sat.analysis.grid import read_metrics
 from megatron_sat.conversion.mapping import ConversionError
 from megatron_sat.conversion.megatron_io import find_checkpoint
+from megatron_sat.sweep.records import record_sweep, sweep_records
 from megatron_sat.training import records, run_lock
 from megatron_sat.training.integrity import verify
 from megatron_sat.training.run_lock import NotWritable, RunLock

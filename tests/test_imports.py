@@ -5,7 +5,7 @@ Layers, bottom to top (a module may import its own layer and those below it):
     model                      specs, layers, V1 and the dense history on the pipeline wire, sizes, FLOPs
     parallel, data             layouts, schedules, process groups; tokenizer, corpus, datasets
     training                   step, trainer, checkpoints, arguments, planner (recipes sit beside it)
-    profiling, conversion, analysis, train   tools built on training
+    profiling, conversion, analysis, sweep, train   tools built on training (analysis reads sweep records)
 `recipes` may import archs and model only. Function-local imports count for the layers (they run too);
 the circle check is over module-level imports, the ones that run at import time.
 """
@@ -15,7 +15,7 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYER = {"archs": 0, "outputs": 0, "compat": 0, "model": 1, "parallel": 2, "data": 2, "training": 3,
-         "recipes": 3, "profiling": 4, "conversion": 4, "analysis": 4, "train": 5}
+         "recipes": 3, "profiling": 4, "conversion": 4, "analysis": 4, "sweep": 4, "train": 5}
 
 
 def _modules():

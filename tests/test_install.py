@@ -29,9 +29,9 @@ import pytest
 import test_slurm_multinode
 from megatron_sat_tools import collect_grid
 
-from megatron_sat.analysis import grid
 from megatron_sat.data.corpus import default_corpus_documents
 from megatron_sat.data.tokenizer import train_bpe_tokenizer
+from megatron_sat.sweep import records
 
 pytestmark = pytest.mark.slow  # builds and installs the wheel; the README walkthrough on a local Slurm
 
@@ -238,7 +238,7 @@ def test_status_of_a_sweep_whose_jobs_have_not_started(tmp_path, capsys):
     (runs / "_grid").mkdir(parents=True)
     entries = [dict(recipe=f"{a}_ladder1", arch=a, scale="ladder1", seed=1, run=f"{a}_ladder1_x") for a in
                ("transformer", "satformer")]
-    grid.record_sweep(str(runs / "_grid"), "fresh", [dict(job="424242", jobs=["424242"], manifest="m", entries=entries)])
+    records.record_sweep(str(runs / "_grid"), "fresh", [dict(job="424242", jobs=["424242"], manifest="m", entries=entries)])
     assert collect_grid.main([str(runs), "--sweep", "fresh", "--status", "-q"]) == 0
     out = capsys.readouterr().out
     assert "transformer_ladder1_x" in out and "satformer_ladder1_x" in out, out

@@ -279,3 +279,17 @@ def test_plain_load_equals_transformers_and_falls_back_when_it_could_differ(toke
     for k, (why, edit) in enumerate(unusual.items()):
         folder = _tokenizer_copy(tokenizer, tmp_path / f"t{k}", **edit)
         assert type(load_tokenizer(folder, plain=True).hf).__name__ != "TokenizersOnly", why
+
+
+def test_shard_dir_with_several_json_keys_is_refused(tmp_path):
+    """--shard-dir writes one dataset per shard: several --json-keys (Megatron-LM's one dataset per key) are
+    refused with one line and exit 2, before anything is read or written."""
+    src = write_jsonl(tmp_path / "in.jsonl", ["one document"])
+    cli = subprocess.run([sys.executable, os.path.join(REPO, "tools", "preprocess_data.py"), "--input", src,
+                          "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "no/such/tokenizer",
+                          "--json-keys", "text", "title", "--shard-dir", str(tmp_path / "shards")],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2, cli.stderr
+    last = cli.stderr.strip().splitlines()[-1]
+    assert "--shard-dir takes one text key: run once per --json-keys key" in last, cli.stderr
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]

@@ -1,5 +1,5 @@
 """The paper-grid recipes (recipes/paper.py), the layout planner (megatron_sat/training/planner.py) and the
-Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py) and run-folder names (training/sweep.py), no
+Slurm tools' dry runs (tools/plan_layout.py, tools/submit_grid.py) and run-folder names (megatron_sat/sweep/plan.py), no
 cluster needed.
 
     .venv/bin/python -m pytest -q tests/test_recipes.py        # about a minute on 2 cores
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
+from megatron_sat.sweep.plan import resolve
 from megatron_sat.training.arguments import build_parser, parse_args
 from megatron_sat.training.planner import estimate_memory, load_recipes, plan_recipe
-from megatron_sat.training.sweep import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 recipes = load_recipes()
@@ -301,12 +301,14 @@ def _other_value(action, value) -> list:
     return [flag, "other/x"]  # strings, paths, lists (nargs *, append)
 
 
-def test_every_flag_is_tagged_and_its_tag_holds():
+def test_every_flag_is_tagged_and_its_tag_holds(tmp_path):
     """Each trainer flag says whether it names a run (training/arguments.py _group, names_run): a flag declared
     without the tag fails here. And the tag holds: another value of a naming flag gives another run folder, of any
-    other flag the same one (the recipe itself is the name's prefix)."""
+    other flag the same one (the recipe itself is the name's prefix). --config's value is a path: another path
+    to a file that sets nothing new is the same run (its contents: tests/test_resolver.py)."""
     recipe = "debug_satformer"
     base_args, base = resolve(recipe)
+    (tmp_path / "same.yaml").write_text("seed: 1234\n")
     untagged, wrong = [], []
     for action in build_parser()._actions:
         if action.dest in ("help", "recipe"):
@@ -314,7 +316,13 @@ def test_every_flag_is_tagged_and_its_tag_holds():
         if not isinstance(getattr(action, "names_run", None), bool):
             untagged.append(action.option_strings[0])
             continue
-        changed = resolve(recipe, _other_value(action, getattr(base_args, action.dest)))[1] != base
+        special = {"config": ["--config", str(tmp_path / "same.yaml")],
+                   "train_samples": ["--train-samples", "80"]}  # the trainer refuses less than one global batch
+        other = special.get(action.dest) or _other_value(action, getattr(base_args, action.dest))
+        before = base
+        if action.dest in ("data_path", "train_data_path"):  # a dataset replaces the recipe's mock data (a new run,
+            before = resolve(recipe, [other[0], "a/x"])[1]     # mock_data names it): compare two datasets
+        changed = resolve(recipe, other)[1] != before
         if changed != action.names_run:
             wrong.append(f"{action.option_strings[0]} (names_run={action.names_run}, name changed: {changed})")
     assert not untagged, (f"flags without a names_run tag: {untagged}; declare them through the argument groups of "

@@ -9,7 +9,9 @@ munge, slurmctld, slurmd, installed by `make slurm`) running the real trainer on
   * preemption: USR1 to the batch shell (what --signal=B:USR1@180 sends before the time limit) after the job has
     saved -> the trainer checkpoints, the job requeues itself, resumes and finishes with the losses of an
     uninterrupted run;
-  * a hung rank (SIGSTOP): the watchdog stops the job (exit 75), launch.sh requeues it, it resumes exactly.
+  * a hung rank (SIGSTOP): the watchdog stops the job (exit 75), launch.sh requeues it, it resumes exactly;
+  * sweep entries longer than their recipe (a --config file's train-iters, --train-samples), requeued past the
+    recipe's step count, run to their own length (launch.sh's TRAIN_ITERS is the trainer's).
 Skipped (with the reason, naming `make slurm`) only when Slurm is not installed; in CI (.ci/run sets
 MSAT_REQUIRE_SLURM=1 after `make slurm`) a missing Slurm fails instead.
 """
@@ -167,6 +169,48 @@ def test_preempted_job_requeues_and_resumes(cluster, site, tmp_path):
     ref = {m["step"]: m["loss"] for m in metrics(straight) if "loss" in m}
     assert train == ref, [s for s in ref if train.get(s) != ref[s]][:5]
 
+
+
+def test_a_sweep_requeued_past_the_recipes_steps_runs_to_its_own(cluster, site, tmp_path):
+    """A submit_grid sweep entry whose length is not the recipe's (20 steps): a --config file with train-iters 150,
+    and --train-samples 1200 (150 steps of 8). USR1 after a save past step 20 requeues it; at the restart
+    slurm/launch.sh reads the trainer's own length (submit_grid --resolve), so the run goes on to 150 and ends
+    COMPLETED (it used to stop there as "complete": TRAIN_ITERS was the recipe's 20). Both sweeps on one cluster."""
+    config = tmp_path / "long.yaml"
+    config.write_text("train-iters: 150\n")
+    common = ["--save-interval", "25", "--log-interval", "1", "--eval-interval", "1000"]
+    entries = {"config": ["--config", str(config), *common], "samples": ["--train-samples", "1200", *common]}
+    jobs = {}
+    for key, flags in entries.items():
+        proc = subprocess.run([sys.executable, "tools/submit_grid.py", "--archs", "transformer", "--scales", "debug",
+                               "--sweep", f"long-{key}", "--submit", "--", *flags],
+                              cwd=ROOT, env=cluster.env(site["env"]), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "_it150_" in proc.stdout, proc.stdout  # the table names the run by its own length
+        jobs[key] = re.search(r"submitted array job (\d+): 1 task", proc.stdout).group(1)
+    for key, flags in entries.items():
+        job, folder = jobs[key], run_dir(site, "debug_transformer", *flags, "--seed", "1234")
+        log_path = f"{site['logs']}/msat-debug-{job}_0.out"
+        deadline = time.time() + 600
+        while time.time() < deadline:  # a checkpoint past the recipe's 20 steps, and training gone on
+            steps = [m["step"] for m in metrics(folder) if "loss" in m]
+            if (tracker(folder) or 0) >= 25 and steps and steps[-1] >= 30:
+                break
+            assert cluster.states(job)[0] in ("PENDING", "RUNNING"), read(log_path)
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"{key}: training did not pass step 25:\n{read(log_path)}")
+        cluster.run(["scancel", "--signal=USR1", "--batch", job])
+    for key, flags in entries.items():
+        job, folder = jobs[key], run_dir(site, "debug_transformer", *flags, "--seed", "1234")
+        state = cluster.wait(job, timeout=900)
+        log = read(f"{site['logs']}/msat-debug-{job}_0.out")
+        assert state == "COMPLETED", log
+        stopped = int(re.search(r"stopped at checkpoint (\d+)/150", log).group(1))
+        assert 25 <= stopped < 150 and f"to continue from step {stopped}" in log, log
+        assert f"run {folder} from step {stopped} of 150" in log and "nothing to do" not in log, log
+        assert "run complete (150/150 steps)" in log and tracker(folder) == 150, log
+        assert sorted(m["step"] for m in metrics(folder) if "loss" in m) == list(range(1, 151))
 
 
 def _rank_process(folder, procid):

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_sat.analysis import collect, grid
 from megatron_sat.outputs import check_output
+from megatron_sat.sweep import records
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
             for path in opts.runs:
                 check_output("--output", opts.out, {"RUNS_DIR": path})
         if opts.wait:
-            grid.wait_for_sweep(opts.runs, opts.sweep, log)
+            records.wait_for_sweep(opts.runs, opts.sweep, log)
         rows, pending, note = grid.read_runs(opts.runs, opts.sweep, stale_s=3600.0 * opts.stale_hours, log=log)
     except (grid.GridError, ValueError) as e:
         print(f"collect_grid: error: {e}", file=sys.stderr)

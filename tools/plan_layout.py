@@ -3,10 +3,13 @@
     python tools/plan_layout.py --recipe satformer_760M
     python tools/plan_layout.py --recipe satformer_1.3B --nodes 1 --gpu H200 --micro-batch-size 8 \\
         --tensor-model-parallel-size 2
+    python tools/plan_layout.py --recipe debug_satformer --config exp.yaml --train-iters 40
     python tools/plan_layout.py --all                  # every paper-grid recipe on its default cluster
 
-Any trainer flag (python -m megatron_sat.train --help) overrides the recipe; --nodes, --gpus-per-node and --gpu
-override its default cluster (recipes/paper.py CLUSTERS). Exit status 1 when a plan is invalid (a divisibility
+The run is resolved as the trainer resolves it (recipe < --config FILE < flags, then --train-samples and
+--lr-warmup-fraction): any trainer flag (python -m megatron_sat.train --help) overrides the recipe and the config
+file; --nodes, --gpus-per-node and --gpu override its default cluster (recipes/paper.py CLUSTERS; a config file
+without a paper recipe: 1 node x 2 CPU processes). Exit status 1 when a plan is invalid (a divisibility
 error, an inconsistent batch, or more memory than the GPU has).
 
 The memory model (megatron_sat/training/planner.py) counts the Llama block, V1, the logits and the baselines'
@@ -52,15 +55,18 @@ def memory_note(arch: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", help="recipe name (recipes/)")
+    parser.add_argument("--recipe", help="recipe name (recipes/, or module:function)")
+    parser.add_argument("--config", metavar="FILE", help="the trainer's config file (YAML or JSON), over the recipe")
     parser.add_argument("--all", action="store_true", help="plan every paper-grid recipe")
     parser.add_argument("--nodes", type=int, default=None)
     parser.add_argument("--gpus-per-node", type=int, default=None)
     parser.add_argument("--gpu", choices=list(GPU_MEMORY_GIB), default=None)
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed MFU for the GPU-hour estimate")
     args, overrides = parser.parse_known_args(argv)
-    if not args.all and not args.recipe:
-        parser.error("give --recipe NAME or --all")
+    if not args.all and not args.recipe and not args.config:
+        parser.error("give --recipe NAME, --config FILE or --all")
+    if args.config:
+        overrides = ["--config", args.config, *overrides]
     names = GRID if args.all else [args.recipe]
     bad = 0
     for name in names:

@@ -156,6 +156,8 @@ def get_args(argv=None) -> argparse.Namespace:
         args.task_index = int(env.get("SLURM_ARRAY_TASK_ID", 0)) - int(env.get("SLURM_ARRAY_TASK_MIN", 0))
     if args.num_tasks is None:
         args.num_tasks = int(env.get("SLURM_ARRAY_TASK_COUNT", 1))
+    if args.shard_dir and len(args.keys) > 1:
+        p.error("--shard-dir takes one text key: run once per --json-keys key, each with its own --shard-dir")
     if args.shard_dir and not 0 <= args.task_index < args.num_tasks:
         p.error(f"--task-index {args.task_index} must be in 0..{args.num_tasks - 1} (--num-tasks {args.num_tasks})")
     if (args.tokenizer is None) == (args.train_tokenizer is None):
@@ -240,8 +242,6 @@ def _main(argv=None) -> PreprocessResult:
     )
     if args.shard_dir:
         return preprocess_shards(inputs, tokenizer, args.shard_dir, args.task_index, args.num_tasks, **kwargs)
-    if args.shard_dir and len(args.keys) > 1:
-        raise SystemExit("preprocess_data: error: --shard-dir takes one text key; run once per --json-keys key")
     for key, prefix in zip(args.keys, args.prefixes):
         result = preprocess(inputs, tokenizer, prefix, **dict(kwargs, json_key=key))
         if args.quiet or len(args.keys) > 1:

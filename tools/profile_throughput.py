@@ -4,6 +4,7 @@ CPU (debug sizes; every arch, one process per arch and repeat, a few minutes on 
     python tools/profile_throughput.py --recipe debug_satformer --out runs/profile_cpu
     python tools/profile_throughput.py --recipe debug_satformer --nproc 2 --pp 2 --out runs/profile_pp2
     python tools/profile_throughput.py --recipe debug_satformer --flops-profile --trace-steps 2-2 --out runs/p
+    python tools/profile_throughput.py --config exp.yaml --archs transformer satformer --out runs/profile_exp
 SATFormer's two gate implementations side by side (an arch label 'satformer:IMPL', IMPL fused or separate):
     python tools/profile_throughput.py --recipe debug_satformer --archs transformer satformer satformer:separate \
         --mode shared --out runs/profile_gate
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recipe", help="take shapes, batch, layout and precision from this recipe (e.g. "
                                       "debug_satformer, satformer_760M); its arch is replaced by each of --archs")
+    a("--config", metavar="FILE", help="the trainer's config file (YAML or JSON): shapes, batch, layout and precision "
+                                       "over --recipe's, as the trainer resolves them (its arch is replaced too)")
     src.add_argument("--scale", help="a paper scale (130M, 340M, 760M, 1.3B: the paper recipe at that scale) or a "
                                      "recipes.SIZES shape (tiny, demo, small, ...)")
     for name in SHAPE + ("seq_length", "micro_batch_size", "global_batch_size", "vocab_size"):  # the trainer's flags

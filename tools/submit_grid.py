@@ -22,15 +22,16 @@ Site settings (account, partition, logs and runs folders, container, GPUs or not
 else site.sh beside the sbatch scripts (`--slurm-dir` prints their folder: slurm/ in a checkout, inside the
 installed package otherwise). Relative paths (runs, logs) are relative to the current folder, where the jobs run
 too. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
-Entries, run-folder names, plans and sbatch arguments: megatron_sat/training/sweep.py (this file parses, prints
-and submits). GPU hours come from the FLOPs count (megatron_sat.model.flops: 3 x forward, attention included) at an
-assumed MFU (--mfu, default 0.40).
+Entries, run-folder names, plans and sbatch arguments: megatron_sat/sweep/plan.py; manifests, sbatch calls and the
+sweep's record: megatron_sat/sweep/submit.py (this file parses and prints). GPU hours come from the FLOPs count
+(megatron_sat.model.flops: 3 x forward, attention included) at an assumed MFU (--mfu, default 0.40). A trainer
+flag after `--` may be --config FILE: every entry is resolved as the trainer resolves it (recipe < config file <
+flags), and --resolve prints the trainer's own step count (after --train-samples).
 """
 
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import time
 import warnings
@@ -39,8 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from megatron_sat.analysis.grid import check_sweep_name, record_sweep
-from megatron_sat.training.sweep import build, needs_data, resolve, sbatch_args, site_settings, table
+from megatron_sat.sweep.plan import build, needs_data, resolve, site_settings, table
+from megatron_sat.sweep.records import check_sweep_name
+from megatron_sat.sweep.submit import check_layouts, submit
 from recipes.paper import ARCHS, SCALES
 
 # the sbatch scripts: inside the installed package (megatron_sat_tools/slurm), or the checkout's slurm/ folder
@@ -58,34 +60,6 @@ def _csv(conv, what: str):
 
     parse.__name__ = f"comma-separated {what}"
     return parse
-
-
-def check_layouts(rows) -> bool:
-    """Dry-run every distinct entry of `rows` (the seed does not change the layout); prints one line each."""
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    # here, not at the top: it loads torch and megatron-core (seconds), which --resolve and --dry-run never need,
-    # and after TORCH_CPP_LOG_LEVEL is set
-    from megatron_sat.profiling.dry_run import dry_run
-
-    seen, ok = set(), True
-    for r in rows:
-        c = r["cluster"]
-        flags = [f for i, f in enumerate(r["flags"]) if f != "--seed" and (i == 0 or r["flags"][i - 1] != "--seed")]
-        key = (r["recipe"], tuple(flags), c["nodes"], c["gpus_per_node"], c["gpu"])
-        if key in seen:
-            continue
-        seen.add(key)
-        args, _ = resolve(r["recipe"], r["flags"])
-        report = dry_run(args, recipe=r["recipe"], nodes=c["nodes"], gpus_per_node=c["gpus_per_node"], gpu=c["gpu"])
-        status = (f"OK ({len(report.roles)} rank role(s), {report.seconds:.0f} s)" if report.ok
-                  else f"FAILED: {report.failure}")
-        print(f"dry-run {r['recipe']} {report.layout} on {c['nodes']} x {c['gpus_per_node']} {c['gpu']}: {status}",
-              flush=True)
-        ok &= report.ok
-    if not ok:
-        print("\nerror: a dry run failed; see python tools/dry_run.py --recipe NAME (with the same flags)",
-              file=sys.stderr)
-    return ok
 
 
 def main(argv=None) -> int:
@@ -149,63 +123,32 @@ def main(argv=None) -> int:
     if invalid:
         print(f"\nerror: {len(invalid)} invalid plan(s); see tools/plan_layout.py --recipe NAME", file=sys.stderr)
         return 1
-    if opts.check_layouts and not check_layouts(rows):
+    if opts.check_layouts and not check_layouts(rows, say=lambda line: print(line, flush=True)):
+        print("\nerror: a dry run failed; see python tools/dry_run.py --recipe NAME (with the same flags)",
+              file=sys.stderr)
         return 1
     runs_dir = site.get("MSAT_RUNS", "runs")
-    manifest_dir = os.path.join(os.path.abspath(runs_dir), "_grid")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
         sweep = check_sweep_name(opts.sweep or f"grid-{stamp}")
     except ValueError as e:
         print(f"error: --sweep: {e}", file=sys.stderr)
         return 2
-    submitted = []
     print(f"\n# site settings: {site_file}; jobs run in {os.getcwd()}")
-    logs = site.get("MSAT_LOGS", "logs")
-    if opts.submit:
-        os.makedirs(manifest_dir, exist_ok=True)
-        os.makedirs(logs, exist_ok=True)
     # the jobs find launch.sh through MSAT_SLURM_DIR, this checkout's code through MSAT_REPO, and run under this
     # Python unless the site file or the environment names another (a container uses its own)
     env = dict(os.environ, MSAT_SLURM_DIR=SLURM_DIR, MSAT_SITE=site_file, MSAT_SWEEP=sweep)
     env.setdefault("MSAT_PYTHON", sys.executable)
     if CHECKOUT:
         env["MSAT_REPO"] = ROOT
-    for i, (key, members) in enumerate(groups.items()):
-        manifest = os.path.join(manifest_dir, f"{sweep}-{key[0]}-{stamp}-{i}.txt")
-        lines = [shlex.join([r["recipe"], *r["flags"]]) for r in members]
-        if opts.submit:
-            with open(manifest, "w") as f:
-                f.write("\n".join(lines) + "\n")
-        else:
-            print(f"# {manifest} would hold:\n" + "\n".join(f"#   {x}" for x in lines))
-        previous = None
-        for segment in range(opts.segments):
-            cmd = sbatch_args(key, len(members), site, SLURM_DIR, manifest, max_parallel=opts.max_parallel,
-                              segments=opts.segments, dependency=previous)
-            if not opts.submit:
-                dep = "" if segment == 0 else "   # --dependency=afterany:<job id of the line above>"
-                shown = [x if not x.startswith("--dependency") else "--dependency=afterany:$PREV" for x in cmd]
-                print(shlex.join(["sbatch", *shown]) + dep)
-                continue
-            proc = subprocess.run(["bash", "-c", 'source "$MSAT_SITE" >/dev/null && exec sbatch --parsable "$@"',
-                                   "sbatch", *cmd], env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"error: sbatch failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
-                if submitted:
-                    record_sweep(manifest_dir, sweep, submitted)
-                return 1
-            previous = proc.stdout.strip().split(";")[0]
-            if segment == 0:
-                submitted.append(dict(job=previous, jobs=[previous], manifest=manifest, entries=[
-                    {k: r[k] for k in ("recipe", "arch", "scale", "seed")} | {"run": r["name"]} for r in members]))
-            else:
-                submitted[-1]["jobs"].append(previous)
-            print(f"submitted array job {previous}: {len(members)} task(s) {key[0]}"
-                  f"{f' segment {segment + 1}/{opts.segments}' if opts.segments > 1 else ''} -> "
-                  f"logs {os.path.join(logs, f'msat-{key[0]}-{previous}_<task>.out')}")
-    if submitted:
-        path = record_sweep(manifest_dir, sweep, submitted)
+    try:
+        path = submit(groups, site=site, env=env, slurm_dir=SLURM_DIR, sweep=sweep, stamp=stamp, really=opts.submit,
+                      manifest_dir=os.path.join(os.path.abspath(runs_dir), "_grid"), segments=opts.segments,
+                      max_parallel=opts.max_parallel, say=lambda line: print(line, flush=True))
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if path:
         print(f"sweep {sweep}: {path}\n  status:  python tools/collect_grid.py {runs_dir} --sweep {sweep} --status"
               f"\n  results: python tools/collect_grid.py {runs_dir} --sweep {sweep} --out OUT")
     return 0

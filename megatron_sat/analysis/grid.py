@@ -25,8 +25,8 @@ A run folder holds config.json and metrics.jsonl (megatron_sat/training/monitor.
 
 Bad input raises GridError naming the file: a folder without runs, a run folder missing config.json or
 metrics.jsonl, a line of metrics.jsonl that is not JSON (only a last line cut short, with no newline, is
-left out, with a warning: a write in progress or a crash). A sweep record (<runs>/_grid/<sweep>.json) that
-does not read back is left out with a warning (its pending entries are not listed).
+left out, with a warning: a write in progress or a crash). The sweep's side (its records in
+<runs>/_grid/<sweep>.json, squeue's and sacct's states) is megatron_sat/sweep/ (records.py, slurm.py).
 """
 
 import csv
@@ -35,10 +35,8 @@ import hashlib
 import io
 import json
 import os
-import re
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
@@ -46,8 +44,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import psutil
 
 from megatron_sat.analysis.evaluation import MAIN_METRICS
+from megatron_sat.sweep.records import pending_entries, sweep_records
+from megatron_sat.sweep.slurm import ACTIVE_SLURM, add_final_states, sacct_states, squeue_states
 from megatron_sat.training.monitor import scale_name
-from megatron_sat.training.records import read_json_file, write_durably
 from megatron_sat.training.run_folder import read_tracker
 
 COLUMNS = ["run", "arch", "scale", "seed", "status", "step", "train_iters", "params", "non_embedding_params",
@@ -56,8 +55,6 @@ COLUMNS = ["run", "arch", "scale", "seed", "status", "step", "train_iters", "par
            "peak_gpu_allocated_gib", "peak_gpu_reserved_gib", "peak_cpu_rss_gib", "restarts", "world_size", "sweep",
            "recipe", "data_id", "slurm_job", "slurm_state", "slurm_exit_code", "slurm_elapsed", "saved_step",
            "reason", "path"]
-ACTIVE_SLURM = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
 SKIP_DIRS = ("wandb", "data_cache", "index_cache")
 
 
@@ -129,116 +126,6 @@ def read_metrics(path: str) -> List[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- status
-def squeue_states() -> Optional[Dict[str, str]]:
-    """{job id: state} of every job squeue lists ('123', '123_4' for array tasks, pending ranges expanded);
-    None when squeue is absent or does not answer."""
-    try:
-        proc = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if proc.returncode != 0:
-        return None
-    out = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) != 2:
-            continue
-        job, state = parts
-        for one in array_tasks(job):
-            out[one] = state
-    return out
-
-
-def array_tasks(job: str) -> List[str]:
-    """'123_[0-3,7%2]' (squeue's and sacct's way of writing array tasks that never started) -> '123_0' ... '123_7';
-    any other id as it is."""
-    m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job)
-    if not m:
-        return [job]
-    out = []
-    for item in m.group(2).split("%")[0].split(","):
-        lo, _, hi = item.partition("-")
-        out += [f"{m.group(1)}_{task}" for task in range(int(lo), int(hi or lo) + 1)]
-    return out
-
-
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "Elapsed", "Timelimit", "End")
-
-
-def sacct_states(jobs: Iterable[str]):
-    """(records, note): {job id: {state, exit_code, elapsed, timelimit, end, by}} for the jobs Slurm's accounting
-    knows (the latest instance of a requeued job), and None, or None and one line saying why the accounting
-    cannot be asked (no sacct here, or a cluster without slurmdbd)."""
-    # an array's tasks by the array's id: sacct lists tasks that never started only under it, as one range
-    jobs = sorted({j.split("_")[0] for j in jobs if j})
-    if not jobs:
-        return {}, None
-    out = {}
-    for i in range(0, len(jobs), 200):
-        cmd = ["sacct", "-X", "-n", "-P", "-a", "-j", ",".join(jobs[i:i + 200]), "-o", ",".join(SACCT_FIELDS)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"Slurm accounting not available (sacct: {e})"
-        if proc.returncode != 0:
-            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-            return None, f"Slurm accounting not available (sacct: {why})"
-        for line in proc.stdout.splitlines():
-            parts = line.split("|")
-            if len(parts) != len(SACCT_FIELDS):
-                continue
-            job, state, code, elapsed, limit, end = parts
-            state, _, by = state.partition(" by ")  # "CANCELLED by 0": the uid that cancelled it
-            for one in array_tasks(job):  # tasks cancelled before they started: one line for the range
-                out[one] = dict(state=state, exit_code=code, elapsed=elapsed, timelimit=limit, end=end, by=by or None)
-    return out, None
-
-
-def slurm_reason(record: dict) -> str:
-    """Why an attempt ended, in Slurm's words: "TIMEOUT after 04:00:00 (limit 04:00:00), exit code 0:15"."""
-    text = f"{record['state']}" + (f" by uid {record['by']}" if record.get("by") else "")
-    text += f" after {record['elapsed']}"
-    if record["state"] == "TIMEOUT" and record.get("timelimit"):
-        text += f" (limit {record['timelimit']})"
-    return text + f", exit code {record['exit_code']}"
-
-
-def add_final_states(rows: List[dict], accounting: Optional[dict], note: Optional[str] = None) -> None:
-    """Slurm's final state of each finished job into the rows (and grid entries that never started): state,
-    exit code, elapsed time, and the reason of a run whose last attempt ended without an end line. With no
-    accounting (None), a run without an end line says so in its reason (`note`)."""
-    for r in rows:
-        job = r.get("slurm_job")
-        if not job or r.get("slurm_state") in ACTIVE_SLURM:
-            continue  # no Slurm job, or squeue still shows it
-        record = (accounting or {}).get(job)
-        no_end = r.get("no_end_line") or r["status"] == "not started"
-        if record is None:
-            if accounting is None and note and no_end and r["status"] != "not started":
-                r["reason"] = f"{r.get('reason')}; {note}"
-            continue
-        r.update(slurm_state=record["state"], slurm_exit_code=record["exit_code"], slurm_elapsed=record["elapsed"])
-        if record["state"] in ACTIVE_SLURM:  # sacct knows it still runs (squeue did not answer)
-            if r["status"] in ("failed", "stopped", "running"):
-                r.update(status="running", reason=f"Slurm {record['state']}")
-            continue
-        if r["status"] == "complete":
-            continue
-        if r["status"] == "running":
-            if not (r.get("reason") or "").startswith("metrics.jsonl changed"):
-                continue  # its process runs here
-            r["status"] = "failed"  # judged by how recently metrics.jsonl changed: Slurm knows better
-            no_end = True
-        said = slurm_reason(record)
-        if r["status"] == "not started":
-            r["reason"] = f"{said}, before the run wrote anything"
-        elif no_end:
-            saved = r.get("saved_step")
-            r["reason"] = said + (f"; no save since step {saved}" if saved else "; no checkpoint saved")
-        else:
-            r["reason"] = f"{r.get('reason') or r['status']}; Slurm: {said}"
-
-
 def process_alive(attempt: dict) -> Optional[bool]:
     """Whether an attempt's process still runs: None when it ran on another host (cannot tell from here)."""
     if not attempt or attempt.get("host") != socket.gethostname() or not attempt.get("pid"):
@@ -377,65 +264,6 @@ def read_run(folder: str, slurm: Optional[Dict[str, str]] = None, stale_s: float
 
 
 # ---------------------------------------------------------------------------------------------- sweeps
-SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def check_sweep_name(name: str) -> str:
-    if not SWEEP_NAME.fullmatch(name or ""):
-        raise ValueError(f"sweep name {name!r}: use letters, digits, '.', '_' or '-' (at most 64, e.g. ladder-2026)")
-    return name
-
-
-def record_sweep(folder: str, sweep: str, arrays: List[dict]) -> str:
-    """Add submitted job arrays to <folder>/<sweep>.json (tools/submit_grid.py --submit; a sweep submitted in
-    several calls grows): {"sweep", "arrays": [{"job", "manifest", "entries": [{recipe, arch, scale, seed,
-    run}]}]}. Returns its path."""
-    path = os.path.join(folder, f"{check_sweep_name(sweep)}.json")
-    say = lambda text: print(text, file=sys.stderr)  # noqa: E731
-    record = read_json_file(path, say, what="its earlier job arrays are listed there, not in the new record") \
-        or dict(sweep=sweep, arrays=[])
-    record.setdefault("arrays", [])
-    record["arrays"] += arrays
-    record["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_durably(path, json.dumps(record, indent=1))
-    return path
-
-
-def sweep_records(folders: Iterable[str]) -> List[dict]:
-    """The sweeps tools/submit_grid.py recorded in <runs>/_grid/<sweep>.json below the folders."""
-    out = []
-    for top in folders:
-        for path in sorted(glob.glob(os.path.join(top, "**", "_grid", "*.json"), recursive=True)):
-            try:
-                record = read_json(path)
-            except GridError as e:  # cut short by a crash: its queued entries are not listed, the runs still are
-                print(f"warning: {e}; its pending entries are left out (tools/submit_grid.py sets it aside at the "
-                      "next submission)", file=sys.stderr)
-                continue
-            if "sweep" in record and "arrays" in record:
-                out.append(record)
-    return out
-
-
-def pending_entries(sweeps: List[dict], rows: List[dict], slurm: Optional[Dict[str, str]]) -> List[dict]:
-    """Grid entries of the sweeps whose run folder does not exist yet (queued, or never started)."""
-    have = {r["run"] for r in rows}
-    out = []
-    for sweep in sweeps:
-        for array in sweep["arrays"]:
-            for task, entry in enumerate(array["entries"]):
-                if entry["run"] in have:
-                    continue
-                jobs = [f"{j}_{task}" for j in array.get("jobs") or [array.get("job")] if j]
-                states = [(j, (slurm or {}).get(j)) for j in jobs]
-                job, state = next(((j, st) for j, st in states if st in ACTIVE_SLURM), states[0] if states else (None, None))
-                status = "pending" if state in ACTIVE_SLURM else "not started"
-                out.append(dict(run=entry["run"], arch=entry.get("arch"), scale=entry.get("scale"),
-                                seed=entry.get("seed"), status=status, slurm_job=job, slurm_state=state,
-                                sweep=sweep["sweep"]))
-    return out
-
-
 def select_sweep(rows: List[dict], sweeps: List[dict], name: Optional[str]) -> Tuple[List[dict], List[dict]]:
     """(rows, sweep records) of sweep `name` only (all of them without a name): the runs its record lists or whose
     config.json names it; GridError when there is neither a run nor a record of it."""
@@ -470,28 +298,6 @@ def read_runs(folders: List[str], sweep: Optional[str] = None, stale_s: float = 
     accounting, note = sacct_states(r["slurm_job"] for r in rows + pending if r.get("slurm_state") not in ACTIVE_SLURM)
     add_final_states(rows + pending, accounting, note)
     return rows, pending, note
-
-
-def wait_for_sweep(folders: List[str], sweep: str, log: Callable[[str], None]) -> None:
-    """Return once none of the sweep's recorded Slurm jobs (array tasks, requeued jobs) is in squeue, polling every
-    5 s, backing off to 60 s; GridError when the sweep has no record or squeue does not answer."""
-    delay, since = 5.0, time.time()
-    while True:
-        records = [s for s in sweep_records(folders) if s["sweep"] == sweep]
-        if not records:
-            raise GridError(f"--wait: no record of sweep {sweep!r} below {', '.join(folders)} "
-                            "(<runs>/_grid/<sweep>.json, written by submit_grid --submit)")
-        jobs = {str(j) for r in records for a in r["arrays"] for j in a.get("jobs") or [a["job"]]}
-        queue = squeue_states()
-        if queue is None:
-            raise GridError("--wait: squeue does not answer (run this where Slurm's commands work)")
-        live = sorted({j.split("_")[0] for j in queue} & jobs)
-        if not live:
-            log(f"collect_grid: no job of sweep {sweep} is queued or running ({time.time() - since:.0f} s waited)")
-            return
-        log(f"collect_grid: waiting for job(s) {', '.join(live)} of sweep {sweep} ...")
-        time.sleep(delay)
-        delay = min(60.0, delay * 1.5)
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -51,14 +51,9 @@ from megatron_sat.training.arguments import recipe_args
 from megatron_sat.training.setup import precision_and_layout
 from megatron_sat.training.step import gpt_forward_step, run_forward_backward, setup_model_and_optimizer
 from megatron_sat.training.trainer import UsageError, configure
-from recipes.paper import cluster
 
 DEFAULT_TOLERANCE = planner.DEFAULT_TOLERANCE
 ACTIVATION_TOLERANCE = planner.ACTIVATION_TOLERANCE
-
-
-class DryRunError(RuntimeError):
-    """The real code failed at this layout, or what it built differs from the plan (one line)."""
 
 
 @dataclass
@@ -412,11 +407,13 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
     return report
 
 
-def dry_run_recipe(recipe: str, overrides=(), *, nodes: Optional[int] = None, gpus_per_node: Optional[int] = None,
-                   gpu: Optional[str] = None, **kwargs) -> DryRunReport:
-    """dry_run of `recipe` with trainer flags `overrides` on its default cluster (recipes.paper.cluster), any part of
-    it overridden (as planner.plan_recipe). ValueError for an unknown recipe."""
+def dry_run_recipe(recipe: Optional[str], overrides=(), *, nodes: Optional[int] = None,
+                   gpus_per_node: Optional[int] = None, gpu: Optional[str] = None, **kwargs) -> DryRunReport:
+    """dry_run of `recipe` with trainer flags `overrides` (--config FILE among them), resolved as the trainer
+    resolves them (arguments.recipe_args), on its default cluster (planner.default_cluster), any part of it
+    overridden (as planner.plan_recipe). ValueError for an unknown recipe, an unreadable config file or no model
+    shape."""
     args = recipe_args(recipe, list(overrides))
-    c = cluster(recipe)
-    return dry_run(args, recipe=recipe, nodes=nodes or c["nodes"], gpus_per_node=gpus_per_node or c["gpus_per_node"],
-                   gpu=gpu or c["gpu"], **kwargs)
+    c = planner.default_cluster(args.recipe)
+    return dry_run(args, recipe=args.recipe or "none", nodes=nodes or c["nodes"],
+                   gpus_per_node=gpus_per_node or c["gpus_per_node"], gpu=gpu or c["gpu"], **kwargs)

@@ -3,12 +3,13 @@
     from megatron_sat.profiling.settings import resolve
     spec = resolve(options)        # options: tools/profile_throughput.py's parsed command line; ValueError: exit 2
 
-Arguments: the trainer's, as arguments.py makes them (recipe_args: the one way a recipe becomes arguments) for
---recipe NAME (default debug_transformer) or --scale S (a paper scale: the recipe satformer_S; a recipes.SIZES
-shape: the trainer's defaults with that shape), then the tool's flags over them (--tp is
---tensor-model-parallel-size, --precision --bf16, --recompute --recompute-granularity, ...). Where neither the
-recipe nor a flag says, the profiler's own defaults (PROFILER_DEFAULTS; the global batch: micro-batch x DP, x 2 PP
-with a pipeline). Each arch of --archs (a label: megatron_sat.archs.arch_label) replaces the recipe's arch.
+Arguments: the trainer's, as arguments.py resolves them (recipe_args: the trainer's layers) for --recipe NAME
+(default debug_transformer) and/or --config FILE (the trainer's config file, over the recipe), or --scale S (a
+paper scale: the recipe satformer_S; a recipes.SIZES shape: the trainer's defaults with that shape), then the
+tool's flags over them (--tp is --tensor-model-parallel-size, --precision --bf16, --recompute
+--recompute-granularity, ...). Where neither the recipe, the config file nor a flag says,
+the profiler's own defaults (PROFILER_DEFAULTS; the global batch: micro-batch x DP, x 2 PP with a pipeline).
+Each arch of --archs (a label: megatron_sat.archs.arch_label) replaces the recipe's arch.
 
 Checked, all at once, before any process is launched: the tool's own options, what each arch refuses
 (arguments.arch_flag_errors), the world size against the layout (arguments.world_errors), and each arch's model config
@@ -25,7 +26,8 @@ from megatron_sat.archs import arch_label, arch_label_errors
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.layout import validate
 from megatron_sat.parallel.world import world_from_env
-from megatron_sat.training.arguments import arch_flag_errors, recipe_args, recipe_defaults, world_errors
+from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, recipe_defaults, world_errors
+from megatron_sat.training.config_file import read_config
 from megatron_sat.training.setup import model_config, precision_and_layout
 
 ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
@@ -49,6 +51,9 @@ def trainer_args(options: argparse.Namespace) -> Tuple[argparse.Namespace, str]:
     """(the trainer's arguments of --recipe / --scale with the tool's flags over them, where they came from); no
     global batch default yet (it needs the world size). ValueError for an unknown recipe or scale, or one
     without a model shape."""
+    config = getattr(options, "config", None)
+    if options.scale and config:
+        raise ValueError("give --config FILE with --recipe (or alone), not with --scale")
     if options.scale:
         if f"satformer_{options.scale}" in recipes.RECIPES:
             recipe, given, source = f"satformer_{options.scale}", None, f"recipe satformer_{options.scale}"
@@ -58,11 +63,18 @@ def trainer_args(options: argparse.Namespace) -> Tuple[argparse.Namespace, str]:
             known = list(getattr(getattr(recipes, "paper", None), "SCALES", ())) + list(recipes.SIZES)
             raise ValueError(f"unknown --scale {options.scale!r}; known: {', '.join(known)}")
     else:
-        recipe, given = options.recipe or "debug_transformer", None
-        source = f"recipe {recipe}"
-    args = recipe_args(recipe)  # ValueError for an unknown recipe
-    given = recipe_defaults(recipe) if given is None else given  # what the recipe (or size) sets
-    vars(args).update(given)
+        recipe, given = options.recipe or (None if config else "debug_transformer"), None
+        source = " + ".join(([f"recipe {recipe}"] if recipe else []) + ([f"config {config}"] if config else []))
+    # the trainer's layered resolver (recipe < config file); a size is the trainer's defaults with that shape (a
+    # profile measures steps: the run's length, which the trainer requires, is one step here)
+    flags = ["--config", config] if config else []
+    if given is not None:
+        flags = [w for k, v in given.items() for w in (f"--{k.replace('_', '-')}", str(v))] + ["--train-iters", "1"]
+    args = recipe_args(recipe, flags)  # ValueError for an unknown recipe, an unreadable config file, no shape
+    if given is None:  # what the recipe and the config file set (the profiler's defaults fill the rest)
+        given = recipe_defaults(args.recipe)
+        if config:
+            given.update({k: v for k, v in read_config(config, build_parser()).items() if v is not None})
     for key, value in PROFILER_DEFAULTS.items():
         if given.get(key) is None:
             setattr(args, key, value)

@@ -36,7 +36,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _group(parser: argparse.ArgumentParser, title: Optional[str], names_run: bool):
     """add_argument of a new argument group of `parser` (of the parser itself without a title) that tags each
     flag's action with `names_run`: True for a flag whose value is part of what a run is (it goes into the run
-    folder's name, training/sweep.py: another value is another run), False for one that only says how a run is
+    folder's name, megatron_sat/sweep/plan.py: another value is another run), False for one that only says how a run is
     laid out, stored, logged or stopped (layout, micro-batch, paths, cadences), so that a run resumes under
     another value. The group's value is the default; a flag unlike its group passes its own names_run=."""
     add = parser.add_argument_group(title).add_argument if title else parser.add_argument
@@ -87,10 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     g("--recipe", default=None, names_run=False,
       help="start from a recipe: a name in recipes/, or module:function (also path/to/file.py:function) of your own "
            "that returns {argument: value}; --config and flags override it")
-    g("--config", default=None, metavar="FILE",
+    # the path of a config file names no run: its values do, as every value does (a moved file: the same run)
+    g("--config", default=None, metavar="FILE", names_run=False,
       help="YAML or JSON file of arguments under their flag names (a run's RUN/config.json works too and "
            "reproduces that run); overrides --recipe, flags override it")
-    g("--print-config", action="store_true",
+    g("--print-config", action="store_true", names_run=False,
       help="print the resolved arguments as a config file (YAML) and exit 0; nothing is checked on disk")
     add_model_flags(g)  # model/args.py's ModelArgs: the shape and every arch switch
     g("--rotary-base", type=int, default=10000)
@@ -278,21 +279,19 @@ def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentPar
     return defaults
 
 
-def recipe_parser(recipe: Optional[str]) -> argparse.ArgumentParser:
-    """The trainer's parser with `recipe`'s values as its defaults (ValueError for an unknown recipe or one that
-    sets arguments the trainer does not have). The one way a recipe becomes arguments: the trainer, the
-    planner, the throughput profiler (profiling/settings.py) and the Slurm grid (training/sweep.py) all resolve
-    recipes here."""
-    parser = build_parser()
-    parser.set_defaults(**recipe_defaults(recipe, parser))
-    return parser
-
-
 def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argparse.Namespace:
-    """The trainer's arguments for `recipe` (None: the trainer's defaults) with command-line `overrides`, parsed
-    but not validated (no data needs to exist): what the planner, the throughput profiler and the Slurm tools
-    reason about."""
-    return recipe_parser(recipe).parse_args((["--recipe", recipe] if recipe else []) + list(overrides))
+    """The trainer's arguments for `recipe` (None: no recipe) with command-line `overrides`, which may hold
+    --config FILE, resolved by the trainer's own layers (resolve_args: recipe < config file < command line, then
+    --train-samples and --lr-warmup-fraction) but not validated: no data needs to exist, and --data-args-path is
+    not read (the trainer reads it). What every tool that reasons about a run works on: the planner, the dry run,
+    the throughput profiler (profiling/settings.py), the Slurm sweep (its run names and TRAIN_ITERS) and the
+    monitor. ValueError with the resolution's problems (an unknown recipe, an unreadable config file, a missing
+    model shape, two values given for one setting); argparse exits 2 on an unknown flag, as the trainer does."""
+    argv = (["--recipe", recipe] if recipe else []) + list(overrides)
+    args, _, errors = _resolve(argv, read_files=False)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return args
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -319,20 +318,21 @@ def resolve_args(argv: List[str]):
     """(arguments, parser, errors): the recipe's values, the config file's over them, the command line's over
     both; then what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
     --data-args-path), with the problems found there. An unreadable config file or recipe exits 2 at once."""
+    try:
+        return _resolve(argv, read_files=True)
+    except ValueError as e:
+        build_parser().error(str(e))
+
+
+def _resolve(argv: List[str], read_files: bool):
+    """resolve_args; ValueError for an unreadable config file or recipe. read_files=False leaves --data-args-path
+    unread (the tools that plan or name a run need no data)."""
     base = build_parser()
     given = explicit_dests(base, argv)  # the flags on the command line
-    config = {}
-    if given.get("config"):
-        try:
-            config = read_config(given["config"], base)
-        except ValueError as e:
-            base.error(str(e))
+    config = read_config(given["config"], base) if given.get("config") else {}
     recipe = given.get("recipe") or config.get("recipe")
     parser = build_parser()
-    try:
-        from_recipe = recipe_defaults(recipe, parser)
-    except ValueError as e:
-        base.error(str(e))
+    from_recipe = recipe_defaults(recipe, parser)
     parser.set_defaults(**from_recipe)
     parser.set_defaults(**config)
     if recipe:
@@ -342,21 +342,22 @@ def resolve_args(argv: List[str]):
     level = {k: 1 for k, v in from_recipe.items() if v is not None}
     level.update({k: 2 for k, v in config.items() if v is not None})
     level.update({k: 3 for k in given})
-    errors = _resolve_layers(args, level)
+    errors = _resolve_layers(args, level, read_files)
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
-        args.save = os.path.join("runs", _folder_name(args.recipe) if args.recipe else "run")
+        args.save = os.path.join("runs", recipe_folder_name(args.recipe) if args.recipe else "run")
     return args, parser, errors
 
 
-def _folder_name(recipe: str) -> str:
-    """runs/NAME for a recipe: its name, or the function of a module:function recipe."""
+def recipe_folder_name(recipe: str) -> str:
+    """runs/NAME for a recipe: its name, or the function of a module:function (or path.py:function) recipe,
+    so that a run folder's name holds no ':' or '/' (the Slurm sweep's run names start with it too)."""
     return recipe.rpartition(":")[2] if ":" in recipe else recipe
 
 
 DATA_SOURCES = ("data_path", "embedded_data", "mock_data", "train_data_path", "data_args_path")
 
 
-def _resolve_layers(args: argparse.Namespace, level: dict) -> List[str]:
+def _resolve_layers(args: argparse.Namespace, level: dict, read_files: bool = True) -> List[str]:
     """Apply what depends on the layer a value came from; returns the errors."""
     errors = []
     missing = [f"--{k.replace('_', '-')}" for k in REQUIRED_SHAPE if not level.get(k)]
@@ -375,7 +376,7 @@ def _resolve_layers(args: argparse.Namespace, level: dict) -> List[str]:
             setattr(args, k, False if k == "mock_data" else None)
         if "mock_data" not in winners and level.get("vocab_size", 0) < top:
             args.vocab_size = None
-    if args.data_args_path:
+    if args.data_args_path and read_files:
         errors += _read_data_args(args)
     # Megatron-LM's pairs: iteration- or sample-based length, warmup in iterations or as a fraction. Given at
     # the same layer both are refused, as Megatron-LM does; otherwise the higher layer's wins.

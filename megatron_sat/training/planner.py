@@ -92,7 +92,7 @@ from megatron_sat.model.args import LAYER_PARTS, chunk_parameters, layer_paramet
 from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
 from megatron_sat.model.sizes import count_parameters
 from megatron_sat.training.arguments import recipe_args
-from recipes.paper import cluster
+from recipes.paper import CLUSTERS, cluster
 
 GIB = 1024 ** 3
 # How closely what the real code builds must match the plan (profiling/dry_run.py checks it); here so that the
@@ -200,18 +200,26 @@ def format_tokens(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,.0f}"
 
 
-def resolve_args(recipe: str, overrides: Sequence[str] = ()):
-    """The trainer's argparse.Namespace for `recipe` + command-line `overrides` (not validated for data)."""
+def resolve_args(recipe: Optional[str], overrides: Sequence[str] = ()):
+    """The trainer's argparse.Namespace for `recipe` + command-line `overrides` (--config FILE among them), by the
+    trainer's layered resolver (arguments.recipe_args; not validated for data)."""
     return recipe_args(recipe, overrides)
 
 
-def plan_recipe(recipe: str, overrides: Sequence[str] = (), nodes: Optional[int] = None,
+def default_cluster(recipe: Optional[str]) -> dict:
+    """The cluster a plan assumes unless told: a registered recipe's (recipes.paper.cluster), else the debug one
+    (a config file alone, an external recipe)."""
+    return cluster(recipe) if recipe in recipes.RECIPES else CLUSTERS["debug"].as_dict()
+
+
+def plan_recipe(recipe: Optional[str], overrides: Sequence[str] = (), nodes: Optional[int] = None,
                 gpus_per_node: Optional[int] = None, gpu: Optional[str] = None, mfu: float = DEFAULT_MFU) -> Plan:
-    """Plan `recipe` on its default cluster (recipes.paper.cluster) with any of it overridden."""
+    """Plan `recipe` (or the one --config FILE in `overrides` names) on its default cluster (default_cluster) with
+    any of it overridden."""
     args = resolve_args(recipe, overrides)
-    c = cluster(recipe)
-    return make_plan(args, recipe=recipe, nodes=nodes or c["nodes"], gpus_per_node=gpus_per_node or c["gpus_per_node"],
-                     gpu=gpu or c["gpu"], mfu=mfu)
+    c = default_cluster(args.recipe)
+    return make_plan(args, recipe=args.recipe or "none", nodes=nodes or c["nodes"],
+                     gpus_per_node=gpus_per_node or c["gpus_per_node"], gpu=gpu or c["gpu"], mfu=mfu)
 
 
 def padded_vocab_size(vocab_size: int, args, tp: int) -> int:

@@ -5,10 +5,14 @@ command line (it prints, writes the manifests and submits); slurm/launch.sh asks
     python tools/submit_grid.py --dry-run --archs satformer --scales 760M --seeds 1,2
     python tools/submit_grid.py --resolve satformer_760M -- --seed 2   # RUN_NAME, TRAIN_ITERS, NEEDS_DATA
 
-A run folder's name is `{recipe}_lr{lr}_gbs{global batch}_seq{seq length}_it{train iters}_s{seed}`, plus a short
-hash of every other argument that names a run (training/arguments.py tags each flag: names_run) and differs from
-the recipe's value; the flags tagged names_run=False (layout, micro-batch, paths, cadences, logging) are left out,
-so that a run resumes under another layout, batch split, logging or checkpoint cadence.
+An entry's arguments are resolved as the trainer resolves them (recipe < --config FILE < flags, then
+--train-samples and --lr-warmup-fraction: arguments.recipe_args). A run folder's name is
+`{recipe}_lr{lr}_gbs{global batch}_seq{seq length}_it{train iters}_s{seed}` ({recipe}: an external recipe's
+function, `run` without a recipe; {train iters}: the trainer's own count), plus a short hash of every other resolved
+value that names a run (training/arguments.py tags each flag: names_run) and differs from the recipe's; the flags
+tagged names_run=False (layout, micro-batch, paths, cadences, logging, the config file's path) are left out, so that
+a run resumes under another layout, batch split, logging or checkpoint cadence, and a moved config file is the same
+run while an edited one is another.
 """
 
 import hashlib
@@ -19,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import BASELINES
-from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, unnamed_dests
+from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, recipe_folder_name, unnamed_dests
 from megatron_sat.training.planner import format_tokens, make_plan  # light: megatron-core only inside make_plan
 from recipes.paper import cluster, recipe_name
 
@@ -27,15 +31,30 @@ NAMED = ("lr", "global_batch_size", "seq_length", "train_iters", "seed")  # spel
 CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "time")  # an entry's cluster shape; the command line overrides it
 
 
-def resolve(recipe: str, overrides: Sequence[str] = ()):
-    """(trainer args Namespace, run name) for a recipe + trainer flags, with the trainer's own parser."""
+def resolve(recipe: Optional[str], overrides: Sequence[str] = ()):
+    """(trainer args Namespace, run name) for a recipe + trainer flags (which may hold --config FILE), resolved by
+    the trainer's own layers (arguments.recipe_args): train_iters is the trainer's figure (after --train-samples).
+    The name hashes resolved values, never a config file's path: a run named by an in-repository recipe hashes what
+    differs from the recipe; an external recipe (module:function, path.py:function; named by its function) or none
+    (a config file alone; named `run`) hashes what differs from the trainer's defaults. ValueError: see
+    recipe_args."""
     parser = build_parser()
     defaults = {a.dest: a.default for a in parser._actions}
-    given = recipes.get(recipe)
     args = recipe_args(recipe, overrides)
+    recipe = args.recipe  # a config file may name it
+    baseline = dict(defaults)
+    if recipe and ":" not in recipe:
+        baseline.update(recipes.get(recipe))
     skip = unnamed_dests(parser) | set(NAMED)
-    rest = {k: v for k, v in sorted(vars(args).items()) if k not in skip and v != given.get(k, defaults.get(k))}
-    name = (f"{recipe}_lr{args.lr:g}_gbs{args.global_batch_size}_seq{args.seq_length}"
+    # values the resolution derived rather than was given leave the name as it was: warmup steps from the fraction
+    # (set to 0), and no mock vocabulary once a data source replaced the recipe's (the tokenizer gives it)
+    if args.lr_warmup_fraction is not None:
+        skip.add("lr_warmup_iters")
+    if args.vocab_size is None:
+        skip.add("vocab_size")
+    rest = {k: v for k, v in sorted(vars(args).items()) if k not in skip and v != baseline.get(k)}
+    prefix = recipe_folder_name(recipe) if recipe else "run"
+    name = (f"{prefix}_lr{args.lr:g}_gbs{args.global_batch_size}_seq{args.seq_length}"
             f"_it{args.train_iters}_s{args.seed}")
     if rest:
         name += "_" + hashlib.sha1(repr(rest).encode()).hexdigest()[:8]
@@ -44,7 +63,7 @@ def resolve(recipe: str, overrides: Sequence[str] = ()):
 
 def needs_data(args) -> bool:
     """Whether the run reads a dataset that slurm/launch.sh has to find (no data flag, mock or embedded data)."""
-    return not (args.data_path or args.train_data_path or args.mock_data or args.embedded_data)
+    return not (args.data_path or args.train_data_path or args.data_args_path or args.mock_data or args.embedded_data)
 
 
 def site_settings(site: str) -> Dict[str, str]:
