@@ -396,7 +396,7 @@ def test_paper_recipes_follow_the_authors():
         assert r["eval_samples"] == {"130M": 6400, "340M": 3200, "760M": 1600, "1.3B": 800}[scale], name
     args = parse_args(["--recipe", "satformer_130M", "--mock-data", "--vocab-size", "64"])
     assert (args.weight_decay_params, args.output_layer_init) == ("all", "unscaled")
-    defaults = parse_args(["--mock-data", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
+    defaults = parse_args(["--arch", "satformer", "--mock-data", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
                            "--num-attention-heads", "2", "--train-iters", "2"])  # Megatron's behaviour is the default
     assert (defaults.weight_decay_params, defaults.output_layer_init) == ("matrices", "scaled")
 

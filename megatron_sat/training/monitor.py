@@ -224,10 +224,11 @@ class Monitor:
         ident = run_config["wandb"]
         config = dict(run_config, arch=run_config.get("arch"), scale=run_config.get("scale"),
                       seed=run_config.get("seed"))
+        folder = getattr(self.args, "wandb_save_dir", None) or self.args.save  # --wandb-save-dir, else the run's
         self.wandb = wandb.init(project=self.args.wandb_project, id=ident["id"], name=ident["name"], mode=mode,
-                                dir=self.args.save, config=config, group=ident["group"], resume="allow")
+                                dir=folder, config=config, group=ident["group"], resume="allow")
         again = f", resumed after step {self.wandb_logged_to}" if self.wandb_logged_to else ""
-        self.print(f"wandb: {mode} run {ident['id']} in {self.args.save}/wandb{again}")
+        self.print(f"wandb: {mode} run {ident['id']} in {folder}/wandb{again}")
 
     def print(self, text: str) -> None:
         if not self.enabled:
@@ -277,6 +278,12 @@ class Monitor:
         ppl = math.exp(min(val_loss, 50.0))
         self.write({"step": step, "val_loss": val_loss, "val_ppl": ppl})
         self.print(f"validation at step {step}: loss {val_loss:.4f} | ppl {ppl:.2f}")
+
+    def log_test(self, step: int, test_loss: float) -> None:
+        """The test split's loss at the end of training (Megatron-LM scores it there): test_loss, test_ppl."""
+        ppl = math.exp(min(test_loss, 50.0))
+        self.write({"step": step, "test_loss": test_loss, "test_ppl": ppl})
+        self.print(f"test at step {step}: loss {test_loss:.4f} | ppl {ppl:.2f}")
 
     def log_tasks(self, step: int, scores: dict, failures: dict) -> None:
         """--eval-tasks: {'task/metric': value} as one metrics.jsonl row (key eval_tasks; wandb: eval_tasks/...),

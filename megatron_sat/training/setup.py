@@ -19,7 +19,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_sat.model.config import SATConfig, make_config
 from megatron_sat.parallel.layout import Layout
-from megatron_sat.training import schedule
+from megatron_sat.training import megatron_lm_flags, schedule
 from megatron_sat.training.arguments import model_config_fields
 
 
@@ -67,6 +67,7 @@ def model_config(args: argparse.Namespace, layout: Optional[Layout] = None, dtyp
         fields.update(layout.config_fields(dtype or torch.float32))
     if training:
         fields.update(fp8=args.fp8_format, **recompute_fields(args))
+    fields.update(megatron_lm_flags.config_fields(args, gpu=torch.cuda.is_available()))
     return make_config(args.arch, num_layers=args.num_layers, hidden_size=args.hidden_size,
                        num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
                        ffn_hidden_size=args.ffn_hidden_size, **fields)

@@ -26,13 +26,16 @@ from megatron_sat.parallel.pipeline import forward_backward
 from megatron_sat.training import optimizer_resume
 
 
-def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False):
-    """Megatron DDP around each chunk (gradient buffers, DP all-reduce) and the config hooks."""
+def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False,
+             overlap_param_gather: bool = False, grad_reduce_in_fp32: bool = True):
+    """Megatron DDP around each chunk (gradient buffers, DP all-reduce) and the config hooks; overlap_param_gather
+    (distributed optimizer only) and grad_reduce_in_fp32 are DistributedDataParallelConfig's."""
     config.calculate_per_token_loss = True
     config.finalize_model_grads_func = finalize_grads
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
         overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather and use_distributed_optimizer,
         use_distributed_optimizer=use_distributed_optimizer,
     )
     return [
@@ -43,7 +46,8 @@ def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_gr
 
 def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: float = 0.1,
                     clip_grad: float = 1.0, betas=(0.9, 0.95), eps: float = 1e-8,
-                    bf16: bool = False, use_distributed_optimizer: bool = False, weight_decay_params: str = "matrices"):
+                    bf16: bool = False, use_distributed_optimizer: bool = False, weight_decay_params: str = "matrices",
+                    decoupled_lr: Optional[float] = None, decoupled_min_lr: Optional[float] = None):
     """Megatron's AdamW (Apex/TE fused when present, torch's otherwise) with gradient clipping.
 
     weight_decay_params: 'matrices' is Megatron's rule (1-D tensors and biases are not decayed); 'all' decays
@@ -65,6 +69,8 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
         bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_distributed_optimizer=use_distributed_optimizer,
+        decoupled_lr=decoupled_lr,  # the embedding's and output layer's own peak and minimum LR (None: --lr's)
+        decoupled_min_lr=decoupled_min_lr,
     )
     # Megatron-Core's standard overrides are exactly its no-decay rule; an empty set of overrides decays everything
     return get_megatron_optimizer(config, chunks, config_overrides={} if weight_decay_params == "all" else None)
@@ -81,18 +87,22 @@ def count_chunk_parameters(chunks) -> int:
 
 def setup_model_and_optimizer(config, *, vocab_size: int, max_sequence_length: int, rotary_base: int = 10000,
                               backend: Optional[str] = None, use_distributed_optimizer: bool = False,
-                              overlap_grad_reduce: bool = False, **optimizer_kwargs):
+                              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+                              grad_reduce_in_fp32: bool = True, share_embeddings_and_output_weights: bool = True,
+                              **optimizer_kwargs):
     """The model (its chunks on this rank) wrapped as it trains, and its optimizer.
 
     Returns (chunks, parameter count over all ranks, optimizer): GPTModel -> Float16Module under BF16 ->
     Megatron DDP. optimizer_kwargs go to build_optimizer (lr, min_lr, weight_decay, clip_grad, betas, eps)."""
     chunks = build_model(config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
-                         rotary_base=rotary_base, backend=backend)
+                         rotary_base=rotary_base, backend=backend,
+                         share_embeddings_and_output_weights=share_embeddings_and_output_weights)
     num_params = count_chunk_parameters(chunks)
     if config.bf16:
         chunks = [Float16Module(config, c) for c in chunks]
     chunks = wrap_ddp(chunks, config, use_distributed_optimizer=use_distributed_optimizer,
-                      overlap_grad_reduce=overlap_grad_reduce)
+                      overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                      grad_reduce_in_fp32=grad_reduce_in_fp32)
     optimizer = build_optimizer(chunks, bf16=config.bf16, use_distributed_optimizer=use_distributed_optimizer,
                                 **optimizer_kwargs)
     return chunks, num_params, optimizer
@@ -145,11 +155,13 @@ class StepResult:
 
 def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: int, seq_length: int,
                micro_batch_size: int, scheduler=None, forward_step_func=gpt_forward_step,
-               stop_requested: bool = False, time_up: bool = False) -> StepResult:
+               stop_requested: bool = False, time_up: bool = False, scheduler_increment: float = 1) -> StepResult:
     """One optimizer step: forward/backward over the schedule, one world all-reduce of the loss and the stop
     flags, the NaN/Inf check, the optimizer step (clipping inside), the LR scheduler step.
 
-    The trainer, the profiler and the tests all step through here."""
+    scheduler_increment: how far the LR schedule advances, in steps of the full global batch (below 1 while
+    --rampup-batch-size ramps: Megatron-LM's schedule counts samples). The trainer, the profiler and the tests all
+    step through here."""
     loss_dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
                                       seq_length=seq_length, micro_batch_size=micro_batch_size,
                                       forward_step_func=forward_step_func)
@@ -163,7 +175,7 @@ def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: in
     if grad_norm is not None and not math.isfinite(grad_norm):
         raise NonFiniteLoss(f"gradient norm is {grad_norm}")
     if scheduler is not None:
-        scheduler.step(increment=1)
+        scheduler.step(increment=scheduler_increment)
     return StepResult(loss=loss, grad_norm=grad_norm, lr=lr, success=bool(success), stop_signals=int(signals),
                       time_up=late > 0)
 
