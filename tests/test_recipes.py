@@ -296,6 +296,8 @@ def _other_value(action, value) -> list:
         return [flag]
     if action.choices:
         return [flag, next(str(c) for c in action.choices if c != value)]
+    if action.type is int and (isinstance(action.nargs, int) or action.nargs == "+"):  # numbers (--rampup-batch-size)
+        return [flag, *[str(v + 3) for v in (value or [0] * (action.nargs if isinstance(action.nargs, int) else 1))]]
     if action.type in (int, float):
         return [flag, str((value or 0) + 3)]
     return [flag, "other/x"]  # strings, paths, lists (nargs *, append)

@@ -62,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser, group) -> None:
     g("--untie-embeddings-and-output-weights", action="store_true", names_run=True,
       help="a separate output layer (default: tied to the input embedding)")
     g = group(parser, "Megatron-LM training, data and logging flags", names_run=False)
-    g("--lr-warmup-samples", type=int, default=None, metavar="N",
+    g("--lr-warmup-samples", type=int, default=None, metavar="N", names_run=True,
       help="warm up over N samples (Megatron-LM's sample-based schedule: N / global batch steps, fractional allowed)")
-    g("--lr-decay-samples", type=int, default=None, metavar="N",
+    g("--lr-decay-samples", type=int, default=None, metavar="N", names_run=True,
       help="decay over N samples (N / global batch steps); default: --lr-decay-iters, else the training length")
     g("--rampup-batch-size", nargs=3, type=int, default=None, metavar=("START", "INCR", "SAMPLES"), names_run=True,
       help="Megatron-LM's batch-size ramp-up: the global batch grows from START by INCR over SAMPLES samples; "
@@ -88,9 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser, group) -> None:
     g("--grad-reduce-in-bf16", action="store_true",
       help="with --bf16: reduce gradients in bf16 instead of fp32 (Megatron-Core's grad_reduce_in_fp32=False); "
            "no effect on an fp32 run")
-    g("--decoupled-lr", type=float, default=None,
+    g("--decoupled-lr", type=float, default=None, names_run=True,
       help="a separate peak LR for the input embedding and output layer (Megatron-Core's decoupled_lr)")
-    g("--decoupled-min-lr", type=float, default=None, help="their minimum LR (Megatron-Core's decoupled_min_lr)")
+    g("--decoupled-min-lr", type=float, default=None, names_run=True,
+      help="their minimum LR (Megatron-Core's decoupled_min_lr)")
     g("--vocab-file", default=None, metavar="FILE", help="refused (GPT2BPETokenizer files): see --merge-file")
     g("--merge-file", default=None, metavar="FILE",
       help="refused: GPT-2 BPE vocab/merge files are read as a Hugging Face tokenizer here (the refusal says how)")
