@@ -79,6 +79,18 @@ def test_schedule_from_the_paper(scale, lr, warmup, iters):
         assert r["lr_decay_style"] == "cosine" and r["vocab_size"] == 32000 and r["rotary_base"] == 10000
 
 
+@pytest.mark.parametrize("scale, iters, warmup", [("130M", 2384, 23), ("340M", 4768, 47), ("760M", 9536, 95),
+                                                  ("1.3B", 14305, 143)])
+def test_the_authors_counts_are_one_step_fewer(scale, iters, warmup):
+    """The authors floor both counts (their train.py: int()); the recipes round the total up and the warmup to
+    the nearest step, a stated departure (recipes/paper.py): one training step more at every scale, one warmup
+    step more at 130M and 340M."""
+    assert paper.authors_counts(scale) == dict(train_iters=iters, lr_warmup_iters=warmup)
+    r = recipes.get(f"satformer_{scale}")
+    assert r["train_iters"] == iters + 1
+    assert r["lr_warmup_iters"] - warmup == (1 if scale in ("130M", "340M") else 0)
+
+
 def test_author_config_defects_are_fixed():
     for name in paper.GRID:
         r = recipes.get(name)
