@@ -5,16 +5,20 @@ the model are no-ops when they match the arch and a one-line refusal (exit 2) wh
     .venv/bin/python -m pytest tests/test_megatron_lm_scripts.py
 """
 
+import argparse
 import glob
 import json
 import os
 import shlex
 
 import pytest
+import torch
 from train_cli import ROOT, rows, train
 
+from megatron_sat.model.flops import peak_tflops_of
 from megatron_sat.training import megatron_lm_flags
 from megatron_sat.training.arguments import parse_args
+from megatron_sat.training.profiler import StepProfiler, bubble_fraction
 
 SCRIPTS = os.path.join(ROOT, "tests", "data", "megatron_lm")
 
@@ -72,13 +76,18 @@ def test_llama3_8b_script_trains_two_steps_and_profiles_one(tmp_path):
 @pytest.mark.slow  # a trainer run
 def test_gpt3_175b_script_ramps_the_batch_and_scores_the_test_split(tmp_path, corpus):
     """examples/gpt3/train_gpt3_175b_distributed.sh, shrunk: --rampup-batch-size 2 2 2 trains 2 then 4 sequences;
-    --split 949,50,1 has a test share, scored at the end into metrics.jsonl."""
+    --split 949,50,1 has a test share, scored at the end into metrics.jsonl. The test adds
+    --log-timers-to-tensorboard."""
     prefix, tok = corpus
     train(*script_args("train_gpt3_175b_distributed", save=tmp_path / "gpt", tensorboard=tmp_path / "gpt_tb",
-                       data=prefix, tokenizer=tok), "--no-progress-bar")
+                       data=prefix, tokenizer=tok), "--no-progress-bar", "--log-timers-to-tensorboard")
     records = rows(tmp_path / "gpt")
     steps = [r for r in records if "loss" in r]
     assert [(r["step"], r["consumed_samples"]) for r in steps] == [(1, 2), (2, 6)]
+    for r in steps:  # the test adds --log-timers-to-tensorboard: the step's phases, within the step's time
+        phases = [r[f"timers_{k}_s"] for k in ("data", "forward_backward", "optimizer")]
+        assert all(p >= 0 for p in phases) and sum(phases) <= r["step_time_s"] and r["timers_pipeline_bubble_est_s"] == 0
+        assert r["tokens_per_s_per_device"] == r["tokens_per_s"] and r["tflops_per_device"] > 0  # one device
     tests = [r for r in records if "test_loss" in r]
     assert len(tests) == 1 and tests[0]["step"] == 2 and 0 < tests[0]["test_loss"] < 10
     assert os.listdir(tmp_path / "gpt_tb")
@@ -141,3 +150,32 @@ def test_rampup_and_sample_schedule_follow_megatron_lm(tmp_path, capsys):
     assert "--recompute-activations means --recompute-granularity selective" in err
     assert parse_args([*base, "--recompute-activations"]).recompute_granularity == "selective"
     assert parse_args([*base, "--virtual-pipeline-model-parallel-size", "2"]).num_virtual_stages_per_pipeline_rank == 2
+
+
+@pytest.mark.parametrize("device, tflops", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                            ("NVIDIA A10", 125.0), ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0),
+                                            ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0), ("NVIDIA H20", 148.0),
+                                            ("AMD Instinct MI300X", 1307.4), ("Tesla T4", None)])
+def test_mfu_knows_the_datasheet_peaks(device, tflops):
+    """MFU's table: the most specific name wins (A100 is not an A10); an unknown GPU has none (--peak-tflops)."""
+    assert peak_tflops_of(device) == tflops
+
+
+def test_memory_history_on_cpu_says_it_records_nothing(tmp_path):
+    """--record-memory-history is a CUDA allocator feature: on CPU one line says so and nothing is written (the
+    snapshot on OOM is tests/test_gpu.py's, run by tools/gpu_check.sh)."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine records the history (tests/test_gpu.py checks the snapshot)")
+    args = argparse.Namespace(save=str(tmp_path), profile=True, profile_ranks=[0], use_pytorch_profiler=False,
+                              profile_step_start=1, profile_step_end=1, record_memory_history=True,
+                              memory_snapshot_path=None)
+    lines = []
+    profiler = StepProfiler(args, rank=0, log=lines.append)
+    profiler.before_step(1)
+    profiler.after_step(1)
+    profiler.close()
+    assert any("no GPU here, nothing recorded" in line for line in lines)
+    assert any("nothing is recorded on CPU: add --use-pytorch-profiler" in line for line in lines)
+    assert not (tmp_path / "profile").exists()
+    # the pipeline bubble estimate of the timers: (PP - 1) / (m x v + PP - 1)
+    assert (bubble_fraction(1, 8), bubble_fraction(4, 8), bubble_fraction(4, 8, 2)) == (0.0, 3 / 11, 3 / 19)

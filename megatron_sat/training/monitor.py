@@ -106,6 +106,33 @@ def memory() -> dict:
     return out
 
 
+def device_memory() -> dict:
+    """This rank's accelerator memory now (GiB): allocated, reserved and the peak allocated since the start
+    (torch.cuda.memory_allocated / memory_reserved / max_memory_allocated); {} without CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"mem_device_allocated_gib": torch.cuda.memory_allocated() / GIB,
+            "mem_device_reserved_gib": torch.cuda.memory_reserved() / GIB,
+            "mem_device_peak_gib": torch.cuda.max_memory_allocated() / GIB}
+
+
+def throughput_text(record: dict) -> str:
+    """The step line's throughput: tokens/s of the whole job and per device, the model TFLOP/s per device."""
+    text = f"{record['tokens_per_s']:,.0f} tok/s job"
+    if record.get("tokens_per_s_per_device") is not None:
+        text += f", {record['tokens_per_s_per_device']:,.0f} tok/s/device | {record['tflops_per_device']:.3g} TFLOP/s/device"
+    return text
+
+
+def memory_text(record: dict) -> str:
+    """The step line's device memory (rank 0's device), when there is one: allocated / reserved (peak)."""
+    if "mem_device_allocated_gib" not in record:
+        return ""
+    return (f" | mem {record['mem_device_allocated_gib']:.1f}/{record['mem_device_reserved_gib']:.1f} GiB "
+            f"(peak {record['mem_device_peak_gib']:.1f})")
+
+
 def _process_start() -> float:
     return psutil.Process().create_time()
 
@@ -262,12 +289,12 @@ class Monitor:
 
     def log_train(self, record: dict, eta_s: float) -> None:
         if self.enabled:
-            record = dict(record, **memory())
+            record = dict(record, **memory(), **device_memory())
         self.write(record)
         mfu = "n/a" if record.get("mfu") is None else f"{100 * record['mfu']:.1f}%"
         line = (f"step {record['step']:>{len(str(self.args.train_iters))}}/{self.args.train_iters} | "
                 f"loss {record['loss']:.4f} | lr {record['lr']:.3e} | grad norm {record['grad_norm']:.3f} | "
-                f"{record['tokens_per_s']:,.0f} tok/s | MFU {mfu} | ETA {_fmt_time(eta_s)}")
+                f"{throughput_text(record)} | MFU {mfu}{memory_text(record)} | ETA {_fmt_time(eta_s)}")
         if record.get("gate_mean"):
             gates = [g for g in record["gate_mean"] if g is not None]
             zeros = [z for z in record["gate_zero_frac"] if z is not None]

@@ -15,7 +15,8 @@
 
 import contextlib
 import os
-from typing import Optional
+import time
+from typing import Iterator, Optional
 
 import torch
 
@@ -115,3 +116,33 @@ class StepProfiler:
             self._dump_snapshot("end of training")
             torch.cuda.memory._record_memory_history(enabled=None)
             self.memory_history = False
+
+
+class TimedIterator:
+    """The training data iterator, timing how long each next() takes (the step's data phase, which runs inside
+    forward-backward: the timers report forward-backward without it)."""
+
+    def __init__(self, iterator: Iterator):
+        self.iterator, self.seconds = iterator, 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        try:
+            return next(self.iterator)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def take(self) -> float:
+        """Seconds spent in next() since the last take()."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: Optional[int] = None) -> float:
+    """The 1F1B schedule's idle share of forward-backward, (PP - 1) / (m x v + PP - 1) with m micro-batches and v
+    virtual stages per rank (Narayanan et al. 2021): an analytic estimate, not a measurement; 0 at PP1."""
+    v = virtual_stages or 1
+    return (pp - 1) / (num_microbatches * v + pp - 1)

@@ -8,6 +8,7 @@ makes every layout give the same numbers.
 """
 
 import math
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, List, Optional, Sequence
@@ -151,17 +152,23 @@ class StepResult:
     success: bool               # the optimizer took the step
     stop_signals: int           # ranks that asked to stop (a signal), summed over the world
     time_up: bool               # some rank passed its time limit
+    forward_backward_s: float = 0.0  # this rank's wall time in forward-backward (data loading inside it included)
+    optimizer_s: float = 0.0         # in the optimizer step (clipping, the distributed optimizer's gathers)
 
 
 def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: int, seq_length: int,
                micro_batch_size: int, scheduler=None, forward_step_func=gpt_forward_step,
-               stop_requested: bool = False, time_up: bool = False, scheduler_increment: float = 1) -> StepResult:
+               stop_requested: bool = False, time_up: bool = False, scheduler_increment: float = 1,
+               sync_timers: bool = False) -> StepResult:
     """One optimizer step: forward/backward over the schedule, one world all-reduce of the loss and the stop
     flags, the NaN/Inf check, the optimizer step (clipping inside), the LR scheduler step.
 
     scheduler_increment: how far the LR schedule advances, in steps of the full global batch (below 1 while
     --rampup-batch-size ramps: Megatron-LM's schedule counts samples). The trainer, the profiler and the tests all
-    step through here."""
+    step through here. sync_timers: synchronise the GPU around the phases so that their times are the kernels'
+    (--log-timers-to-tensorboard; the CPU needs none)."""
+    sync = torch.cuda.synchronize if sync_timers and torch.cuda.is_available() else (lambda: None)
+    t0 = time.perf_counter()
     loss_dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
                                       seq_length=seq_length, micro_batch_size=micro_batch_size,
                                       forward_step_func=forward_step_func)
@@ -171,13 +178,17 @@ def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: in
     if not math.isfinite(loss):
         raise NonFiniteLoss(f"loss is {loss}")
     lr = optimizer.param_groups[0]["lr"]
+    sync()
+    t1 = time.perf_counter()
     success, grad_norm, _ = optimizer.step()
+    sync()
+    t2 = time.perf_counter()
     if grad_norm is not None and not math.isfinite(grad_norm):
         raise NonFiniteLoss(f"gradient norm is {grad_norm}")
     if scheduler is not None:
         scheduler.step(increment=scheduler_increment)
     return StepResult(loss=loss, grad_norm=grad_norm, lr=lr, success=bool(success), stop_signals=int(signals),
-                      time_up=late > 0)
+                      time_up=late > 0, forward_backward_s=t1 - t0, optimizer_s=t2 - t1)
 
 
 def evaluate(chunks, optimizer, config, data_iterator, *, iterations: int, num_microbatches: int, seq_length: int,

@@ -39,7 +39,7 @@ from megatron_sat.training.config_file import config_dict
 from megatron_sat.training.data import build_iterators, tokenizer_and_data
 from megatron_sat.training.gate_telemetry import GateTelemetry
 from megatron_sat.training.monitor import Monitor
-from megatron_sat.training.profiler import StepProfiler
+from megatron_sat.training.profiler import StepProfiler, TimedIterator, bubble_fraction
 from megatron_sat.training.run_folder import checkpoint_dir, clean_stale, latest_iteration, model_differences
 from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
 from megatron_sat.training.setup import model_config, precision_and_layout, scheduler
@@ -85,6 +85,7 @@ class Window:
     loss: float = 0.0
     grad: float = 0.0
     samples: int = 0    # sequences trained (the global batch per step; less while --rampup-batch-size ramps)
+    phases: dict = field(default_factory=dict)  # --log-timers-to-tensorboard: seconds per phase, summed
 
     def add(self, dt: float, result, samples: int) -> None:
         self.time, self.steps, self.samples = self.time + dt, self.steps + 1, self.samples + samples
@@ -249,7 +250,8 @@ class Loop:
         self.schedule_mode = schedule_mode
         self.scheduler = scheduler(self.optimizer, args, schedule_mode)
         self.iteration, self.consumed = self._restore(resume, pretrained)
-        self.train_iter, self.valid_iters, self.test_iters = build_iterators(args, tokenizer, data, self.consumed)
+        train_iter, self.valid_iters, self.test_iters = build_iterators(args, tokenizer, data, self.consumed)
+        self.train_iter = TimedIterator(train_iter)
         self.flops_tok = flops_per_token(config, args.seq_length, vocab_size)
         self.peak = peak_flops_per_device(args.peak_tflops)
         run_config = dict(vars(args), world_size=setup.world, data_parallel_size=layout.dp(setup.world),
@@ -372,8 +374,8 @@ class Loop:
                                 num_microbatches=num_micro, seq_length=args.seq_length,
                                 micro_batch_size=args.micro_batch_size, scheduler=self.scheduler,
                                 forward_step_func=forward, stop_requested=self.stop.received is not None,
-                                time_up=time_up, scheduler_increment=1 if batch == args.global_batch_size
-                                else batch / args.global_batch_size)
+                                time_up=time_up, sync_timers=args.log_timers_to_tensorboard,
+                                scheduler_increment=1 if batch == args.global_batch_size else batch / args.global_batch_size)
             self.iteration += 1
             self.consumed += batch
             self.profiler.after_step(self.iteration)
@@ -381,6 +383,8 @@ class Loop:
             dt = time.time() - t0
             self.step_time_total += dt
             window.add(dt, result, batch)
+            if args.log_timers_to_tensorboard:
+                self._add_phases(window, result, num_micro)
             self.monitor.advance()
             exit_reason = None
             if result.stop_signals:
@@ -403,13 +407,30 @@ class Loop:
                 self._save()
         return None
 
+    def _add_phases(self, window: Window, result, num_micro: int) -> None:
+        """--log-timers-to-tensorboard: this step's phases (seconds, rank 0's view) into the window."""
+        data = self.train_iter.take()
+        fb = result.forward_backward_s - data
+        layout = self.setup.layout
+        phases = dict(data=data, forward_backward=fb, optimizer=result.optimizer_s,
+                      pipeline_bubble_est=fb * bubble_fraction(layout.pp, num_micro, layout.vpp))
+        for name, seconds in phases.items():
+            window.phases[name] = window.phases.get(name, 0.0) + seconds
+
+    def _per_device(self, tps: float) -> dict:
+        """Throughput per device next to the job's, and the model TFLOP/s each device delivers."""
+        world = self.setup.world
+        return dict(tokens_per_s_per_device=tps / world, tflops_per_device=self.flops_tok * tps / world / 1e12)
+
     def _log(self, window: Window, lr: float) -> None:
         args = self.args
         step_time = window.time / window.steps
         tps = window.samples * args.seq_length / window.time
         mfu = None if self.peak is None else self.flops_tok * tps / (self.peak * self.setup.world)
         record = dict(step=self.iteration, loss=window.loss / window.steps, lr=lr, grad_norm=window.grad / window.steps,
-                      tokens_per_s=tps, mfu=mfu, step_time_s=step_time, consumed_samples=self.consumed)
+                      tokens_per_s=tps, mfu=mfu, step_time_s=step_time, consumed_samples=self.consumed,
+                      **self._per_device(tps))
+        record.update({f"timers_{k}_s": v / window.steps for k, v in window.phases.items()})
         if self.gates is not None:
             record.update(self.gates.collect() or {})
         self.monitor.log_train(record, eta_s=step_time * (args.train_iters - self.iteration))
