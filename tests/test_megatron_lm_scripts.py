@@ -179,3 +179,16 @@ def test_memory_history_on_cpu_says_it_records_nothing(tmp_path):
     assert not (tmp_path / "profile").exists()
     # the pipeline bubble estimate of the timers: (PP - 1) / (m x v + PP - 1)
     assert (bubble_fraction(1, 8), bubble_fraction(4, 8), bubble_fraction(4, 8, 2)) == (0.0, 3 / 11, 3 / 19)
+
+
+def test_a_sample_based_run_reproduces_from_its_config(tmp_path, capsys):
+    """--print-config writes the sample counts, not the steps derived from them, so the file parses back the same."""
+    from megatron_sat.training.arguments import build_parser
+    from megatron_sat.training.config_file import config_dict
+
+    args = parse_args(llama(tmp_path))
+    saved = config_dict(args, build_parser())
+    assert (saved["lr_warmup_iters"], saved["lr_decay_iters"], saved["lr_warmup_samples"]) == (None, None, 4)
+    (tmp_path / "run.json").write_text(json.dumps(dict(saved, load=None)))  # the script resumes its own folder
+    again = parse_args(["--config", str(tmp_path / "run.json"), "--save", str(tmp_path / "again")])
+    assert (again.lr_warmup_iters, again.lr_decay_iters, again.train_iters) == (1.0, 2.0, 2)
