@@ -190,7 +190,7 @@ def rampup_iterations(args: argparse.Namespace) -> int:
     return iterations + max(0, args.train_samples - consumed) // args.global_batch_size
 
 
-def errors(args: argparse.Namespace, gpu: Optional[bool] = None) -> List[str]:
+def errors(args: argparse.Namespace) -> List[str]:
     """One line per model-description flag whose value is not what the arch is, and per bad value."""
     out = []
 
