@@ -12,6 +12,13 @@ and one shared base (recipes.base: AdamW 0.9/0.95, wd 0.1, clip 1.0, linear warm
 Context 4096, global batch 512 sequences = 2,097,152 tokens per step (the paper's "about 2M"), so
     train_iters    = ceil(tokens / (512 x 4096))        e.g. 5B -> 2385, 30B -> 14306
     lr_warmup_iters = round(warmup tokens / (512 x 4096)) e.g. 0.05B -> 24, 0.3B -> 143
+A departure from the authors' counts, kept on purpose: their train.py takes int() (floor) of both, so every scale
+trains one step fewer there (2384, 4768, 9536, 14305) and warms up one step fewer at 130M and 340M (23, 47; 760M
+and 1.3B agree: 95, 143). The totals round up so that a run sees at least its token budget, and the step count is
+part of every run-folder name (..._it2385_...): floor would rename every paper run, so that a requeued or resumed
+grid no longer finds its folders, and a changed warmup would make every resume refuse the schedule. To train the
+authors' exact counts, pass authors_counts(scale) as flags, e.g. `--train-iters 2384 --lr-warmup-iters 23` at 130M
+(another run name: the flags are hashed into it).
 
 The authors' config defects, fixed here (and in PAPER_SCALES):
   1. SATFormer xl says 24 heads with d_model 2048 (head dim 85.33: the QKV reshape fails). Fixed: 32 heads of
@@ -138,6 +145,14 @@ ARCH_LAYOUTS = {
 def steps(tokens: float, global_batch: int = GLOBAL_BATCH, seq_length: int = SEQ_LENGTH) -> int:
     """Optimizer steps that cover `tokens` (rounded up: the run sees at least its budget)."""
     return math.ceil(tokens / (global_batch * seq_length))
+
+
+def authors_counts(scale: str) -> dict:
+    """The SATFormer authors' step counts at `scale`: int() (floor) of the tokens over the tokens per step, as their
+    train.py computes them (the recipes round up the total and round the warmup; module docstring)."""
+    sched = SCHEDULES[scale]
+    per_step = GLOBAL_BATCH * SEQ_LENGTH
+    return dict(train_iters=int(sched.tokens / per_step), lr_warmup_iters=int(sched.warmup_tokens / per_step))
 
 
 def paper(arch: str, scale: str) -> dict:

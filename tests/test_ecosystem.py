@@ -42,7 +42,7 @@ from tools.preprocess_data import main as preprocess_main  # noqa: E402
 pytestmark = pytest.mark.slow  # real trainer runs, exports and lm-eval
 
 TASKS = os.path.join(ROOT, "tests", "data", "eval")
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+MODEL = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1",
          "--eval-iters", "1", "--no-progress-bar"]
 MEGATRON_LM = [*MODEL, "--train-samples", "24", "--lr-warmup-fraction", "0.2", "--tokenizer-type",

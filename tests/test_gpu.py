@@ -118,3 +118,28 @@ def test_distributed_optimizer_resumes_on_gpu(tmp_path):
     assert sorted(got) == list(range(1, 7))
     for step in (4, 5, 6):
         assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-4), step
+
+
+def test_memory_history_snapshot_on_cuda_oom(tmp_path):
+    """--record-memory-history (training/profiler.py): a CUDA out-of-memory error inside the loop writes the
+    allocator snapshot (pytorch.org/memory_viz reads it) and the error goes on."""
+    import argparse
+    import pickle
+
+    from megatron_sat.training.profiler import StepProfiler
+
+    args = argparse.Namespace(save=str(tmp_path), profile=False, profile_ranks=[0], use_pytorch_profiler=False,
+                              profile_step_start=1, profile_step_end=1, record_memory_history=True,
+                              memory_snapshot_path=None)
+    lines = []
+    profiler = StepProfiler(args, rank=0, log=lines.append)
+    kept = torch.ones(1 << 20, device="cuda")  # an allocation the snapshot must show
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        with profiler.oom_snapshot():
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB
+    path = tmp_path / "profile" / "memory_snapshot_rank0.pickle"
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    assert snapshot["segments"] and any("CUDA out of memory" in line for line in lines)
+    profiler.close()
+    del kept

@@ -79,6 +79,18 @@ def test_schedule_from_the_paper(scale, lr, warmup, iters):
         assert r["lr_decay_style"] == "cosine" and r["vocab_size"] == 32000 and r["rotary_base"] == 10000
 
 
+@pytest.mark.parametrize("scale, iters, warmup", [("130M", 2384, 23), ("340M", 4768, 47), ("760M", 9536, 95),
+                                                  ("1.3B", 14305, 143)])
+def test_the_authors_counts_are_one_step_fewer(scale, iters, warmup):
+    """The authors floor both counts (their train.py: int()); the recipes round the total up and the warmup to
+    the nearest step, a stated departure (recipes/paper.py): one training step more at every scale, one warmup
+    step more at 130M and 340M."""
+    assert paper.authors_counts(scale) == dict(train_iters=iters, lr_warmup_iters=warmup)
+    r = recipes.get(f"satformer_{scale}")
+    assert r["train_iters"] == iters + 1
+    assert r["lr_warmup_iters"] - warmup == (1 if scale in ("130M", "340M") else 0)
+
+
 def test_author_config_defects_are_fixed():
     for name in paper.GRID:
         r = recipes.get(name)
@@ -296,6 +308,8 @@ def _other_value(action, value) -> list:
         return [flag]
     if action.choices:
         return [flag, next(str(c) for c in action.choices if c != value)]
+    if action.type is int and (isinstance(action.nargs, int) or action.nargs == "+"):  # numbers (--rampup-batch-size)
+        return [flag, *[str(v + 3) for v in (value or [0] * (action.nargs if isinstance(action.nargs, int) else 1))]]
     if action.type in (int, float):
         return [flag, str((value or 0) + 3)]
     return [flag, "other/x"]  # strings, paths, lists (nargs *, append)
@@ -404,7 +418,7 @@ def test_paper_recipes_follow_the_authors():
         assert r["eval_samples"] == {"130M": 6400, "340M": 3200, "760M": 1600, "1.3B": 800}[scale], name
     args = parse_args(["--recipe", "satformer_130M", "--mock-data", "--vocab-size", "64"])
     assert (args.weight_decay_params, args.output_layer_init) == ("all", "unscaled")
-    defaults = parse_args(["--mock-data", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
+    defaults = parse_args(["--arch", "satformer", "--mock-data", "--vocab-size", "64", "--num-layers", "2", "--hidden-size", "32",
                            "--num-attention-heads", "2", "--train-iters", "2"])  # Megatron's behaviour is the default
     assert (defaults.weight_decay_params, defaults.output_layer_init) == ("matrices", "scaled")
 

@@ -122,6 +122,7 @@ def build_datasets(
     reset_position_ids: bool = False,
     reset_attention_mask: bool = False,
     eod_mask_loss: bool = False,
+    mmap_bin_files: bool = True,
     is_built_on_rank: Callable[[], bool] = lambda: True,
 ) -> GPTDatasets:
     """Build Megatron GPT datasets for train / valid / test.
@@ -146,6 +147,7 @@ def build_datasets(
         create_attention_mask: put a [1, s, s] causal mask in every sample (not needed by
             causal attention kernels; costs s*s bytes per sample).
         reset_position_ids / reset_attention_mask / eod_mask_loss: Megatron's options.
+        mmap_bin_files: memory-map the .bin files (Megatron's default) or read them with plain reads.
         is_built_on_rank: whether this rank builds datasets (others get None); must be True
             on global rank 0.
     """
@@ -191,6 +193,7 @@ def build_datasets(
             reset_attention_mask=reset_attention_mask,
             eod_mask_loss=eod_mask_loss,
             create_attention_mask=create_attention_mask,
+            mmap_bin_files=mmap_bin_files,
         )
         if config.split_matrix is not None:
             config.split_matrix = [m if i in keep else None for i, m in enumerate(config.split_matrix)]

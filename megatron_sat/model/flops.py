@@ -33,8 +33,16 @@ from typing import Optional
 
 from megatron_sat.archs import ffn_size, mixing_layers
 
-# dense bf16 peak per device (no sparsity)
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+# dense bf16 peak TFLOP/s per device (no sparsity), from the vendors' datasheets; matched as a substring of
+# torch.cuda.get_device_name() in this order (a more specific name first: A100 before A10, L40S before L40, GB200
+# before B200). A GPU not listed: --peak-tflops.
+PEAK_TFLOPS = {
+    "GB200": 2500.0, "B200": 2250.0, "B100": 1750.0,       # Blackwell (per GPU)
+    "GH200": 989.0, "H200": 989.0, "H100": 989.0, "H800": 989.0, "H20": 148.0,  # Hopper (SXM)
+    "A100": 312.0, "A800": 312.0, "A30": 165.0, "A40": 149.7, "A10": 125.0,     # Ampere
+    "L40S": 362.0, "L40": 181.0, "L4": 121.0,               # Ada
+    "MI325X": 1307.4, "MI300X": 1307.4, "MI250X": 383.0,    # AMD Instinct (ROCm builds of torch)
+}
 
 
 def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = None) -> dict:
@@ -102,8 +110,10 @@ def peak_flops_per_device(override_tflops: Optional[float] = None) -> Optional[f
     import torch  # here: importing this module (the planner, the Slurm tools) loads no torch
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    for key, tflops in PEAK_TFLOPS.items():
-        if key in name:
-            return tflops * 1e12
-    return None
+    tflops = peak_tflops_of(torch.cuda.get_device_name())
+    return None if tflops is None else tflops * 1e12
+
+
+def peak_tflops_of(device_name: str) -> Optional[float]:
+    """The table's dense bf16 peak of a device name (torch.cuda.get_device_name()), else None."""
+    return next((tflops for key, tflops in PEAK_TFLOPS.items() if key in device_name), None)

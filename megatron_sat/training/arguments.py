@@ -19,6 +19,7 @@ from megatron_sat import archs
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.outputs import check_output
 from megatron_sat.parallel.world import world_from_env  # torchrun's or srun's world, without importing torch
+from megatron_sat.training import megatron_lm_flags
 from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
 from megatron_sat.training.run_folder import holds_run  # no megatron
 
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = _group(p, "parallelism", names_run=False)
     g("--tensor-model-parallel-size", type=int, default=1)
     g("--pipeline-model-parallel-size", type=int, default=1)
-    g("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    g("--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size", type=int, default=None)
     g("--sequence-parallel", action="store_true")
     g("--context-parallel-size", type=int, default=1, names_run=True, help="needs Transformer Engine attention (GPU)")
     g("--transformer-impl", default="auto", choices=["auto", "local", "transformer_engine"], names_run=True,
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--eval-tasks-include-path", action="append", default=[], metavar="DIR",
       help="folder of local task YAMLs (repeatable; data_files relative to the YAML)")
     g("--eval-tasks-batch-size", type=int, default=None, metavar="B", help="requests per forward (default: micro-batch)")
+    megatron_lm_flags.add_arguments(p, _group)
     a("--debug-inject-nan-at-step", type=int, default=None, help=argparse.SUPPRESS)
     a("--debug-save-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds inside each save (tests)
     a("--debug-fail-save-at", type=int, default=None, help=argparse.SUPPRESS)  # this iteration's save fails
@@ -342,7 +344,7 @@ def _resolve(argv: List[str], read_files: bool):
     level = {k: 1 for k, v in from_recipe.items() if v is not None}
     level.update({k: 2 for k, v in config.items() if v is not None})
     level.update({k: 3 for k in given})
-    errors = _resolve_layers(args, level, read_files)
+    errors = _resolve_layers(args, level, read_files) + megatron_lm_flags.resolve(args, level)
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", recipe_folder_name(args.recipe) if args.recipe else "run")
     return args, parser, errors
@@ -462,7 +464,7 @@ def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
     if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction < 1:
         errors.append(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1) (a fraction of the decay "
                       "length)")
-    errors += megatron_lm_errors(args)
+    errors += megatron_lm_errors(args) + megatron_lm_flags.errors(args)
     sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data), bool(args.train_data_path)]
     if sum(sources) != 1:
         errors.append("give exactly one data source: --data-path PREFIX, --train-data-path PREFIX (with "

@@ -122,10 +122,14 @@ def _one(action: argparse.Action, value, bad):
 def config_dict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """The run's arguments as a config file holds them: every flag's resolved value, in --help's order. Values
     that were derived from another flag are left out (null), so that the file gives each setting once:
-    --train-iters from --train-samples, --data-path from --data-args-path."""
+    --train-iters from --train-samples, --data-path from --data-args-path, --lr-warmup-iters and --lr-decay-iters
+    from --lr-warmup-samples and --lr-decay-samples."""
     out = {dest: _plain(getattr(args, dest, None)) for dest in argument_actions(parser)}
     if out.get("train_samples") is not None:
         out["train_iters"] = None
+    for samples, steps in (("lr_warmup_samples", "lr_warmup_iters"), ("lr_decay_samples", "lr_decay_iters")):
+        if out.get(samples) is not None:  # Megatron-LM's sample-based schedule (training/megatron_lm_flags.py)
+            out[steps] = None
     if out.get("data_args_path"):
         out["data_path"] = None
     return out

@@ -104,7 +104,8 @@ def _check_on_rank0(args, tokenizer, data, log) -> None:
                     found = check_dataset(prefix, tokenizer, args.allow_tokenizer_mismatch)
                     tokens += found["tokens"] if name == "train" else 0
                     if not isinstance(data, dict):  # --data-path: --split divides each dataset by documents
-                        errors = split_errors(prefix, found["documents"], shares, (1, evals, 0))
+                        errors = split_errors(prefix, found["documents"], shares,
+                                              (1, evals, evals if has_test_split(args) else 0))
                         if errors:
                             raise DataError(errors[0])
             epochs = epochs_needed(tokens, shares, args.train_iters * args.global_batch_size, args.seq_length)
@@ -120,27 +121,42 @@ def _check_on_rank0(args, tokenizer, data, log) -> None:
 
 
 def build_iterators(args, tokenizer, data, consumed_samples: int):
-    """(train iterator from consumed_samples, function returning a fresh validation iterator or None)."""
+    """(train iterator from consumed_samples, function returning a fresh validation iterator or None, function
+    returning a fresh test iterator or None). The test split (--split's third share, or --test-data-path) is
+    scored at the end of training, as Megatron-LM does, with as many samples as an evaluation."""
     evals = getattr(args, "eval_samples_effective", None) or args.eval_iters * args.global_batch_size
     evals = evals if args.eval_interval or args.eval_iters else 0
     cache = args.data_cache_path or (os.path.join(args.save, "data_cache") if args.save else None)
     datasets = build_datasets(
         data, tokenizer, seq_length=args.seq_length,
-        num_samples=(args.train_iters * args.global_batch_size, evals, 0),
+        num_samples=(args.train_iters * args.global_batch_size, evals, evals if has_test_split(args) else 0),
         split=args.split, seed=args.seed, valid_seed=VALIDATION_SEED, mock=args.mock_data, cache_dir=cache,
+        mmap_bin_files=getattr(args, "mmap_bin_files", True),
     )
     if torch.distributed.get_rank() == 0 and datasets.valid is not None and evals:
         args.validation_set = dict(id=validation_set_id(datasets.valid, evals), samples=evals, seed=VALIDATION_SEED)
     dp_rank = parallel_state.get_data_parallel_rank()
     dp_size = parallel_state.get_data_parallel_world_size()
-    train = iter(build_data_loader(datasets.train, args.micro_batch_size, dp_rank, dp_size, consumed_samples))
+    workers = getattr(args, "num_workers", 0)
+    train = iter(build_data_loader(datasets.train, args.micro_batch_size, dp_rank, dp_size, consumed_samples,
+                                   num_workers=workers))
 
-    def valid():
-        if datasets.valid is None:
-            return None
-        return iter(build_data_loader(datasets.valid, args.micro_batch_size, dp_rank, dp_size, 0, cyclic=True))
+    def loader(dataset):
+        def fresh():
+            if dataset is None or not evals:
+                return None
+            return iter(build_data_loader(dataset, args.micro_batch_size, dp_rank, dp_size, 0, cyclic=True,
+                                          num_workers=workers))
+        return fresh
 
-    return train, valid
+    return train, loader(datasets.valid), loader(datasets.test if has_test_split(args) else None)
+
+
+def has_test_split(args) -> bool:
+    """Whether the run has test data: --test-data-path, or a positive third share of --split (not mock data)."""
+    if args.train_data_path:
+        return bool(args.test_data_path)
+    return not args.mock_data and parse_split(args.split)[2] > 0
 
 
 def validation_set_id(dataset, num_samples: int) -> str:

@@ -119,6 +119,33 @@ def memory() -> dict:
     return out
 
 
+def device_memory() -> dict:
+    """This rank's accelerator memory now (GiB): allocated, reserved and the peak allocated since the start
+    (torch.cuda.memory_allocated / memory_reserved / max_memory_allocated); {} without CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"mem_device_allocated_gib": torch.cuda.memory_allocated() / GIB,
+            "mem_device_reserved_gib": torch.cuda.memory_reserved() / GIB,
+            "mem_device_peak_gib": torch.cuda.max_memory_allocated() / GIB}
+
+
+def throughput_text(record: dict) -> str:
+    """The step line's throughput: tokens/s of the whole job and per device, the model TFLOP/s per device."""
+    text = f"{record['tokens_per_s']:,.0f} tok/s job"
+    if record.get("tokens_per_s_per_device") is not None:
+        text += f", {record['tokens_per_s_per_device']:,.0f} tok/s/device | {record['tflops_per_device']:.3g} TFLOP/s/device"
+    return text
+
+
+def memory_text(record: dict) -> str:
+    """The step line's device memory (rank 0's device), when there is one: allocated / reserved (peak)."""
+    if "mem_device_allocated_gib" not in record:
+        return ""
+    return (f" | mem {record['mem_device_allocated_gib']:.1f}/{record['mem_device_reserved_gib']:.1f} GiB "
+            f"(peak {record['mem_device_peak_gib']:.1f})")
+
+
 def _process_start() -> float:
     return psutil.Process().create_time()
 
@@ -235,11 +262,12 @@ class Monitor:
         ident = run_config["wandb"]
         config = dict(run_config, arch=run_config.get("arch"), scale=run_config.get("scale"),
                       seed=run_config.get("seed"))
+        folder = getattr(self.args, "wandb_save_dir", None) or self.args.save  # --wandb-save-dir, else the run's
         self.wandb, mode = start_wandb(wandb, mode, self.print, project=self.args.wandb_project, id=ident["id"],
-                                       name=ident["name"], dir=self.args.save, config=config, group=ident["group"],
+                                       name=ident["name"], dir=folder, config=config, group=ident["group"],
                                        resume="allow")
         again = f", resumed after step {self.wandb_logged_to}" if self.wandb_logged_to else ""
-        self.print(f"wandb: {mode} run {ident['id']} in {self.args.save}/wandb{again}")
+        self.print(f"wandb: {mode} run {ident['id']} in {folder}/wandb{again}")
 
     def print(self, text: str) -> None:
         if not self.enabled:
@@ -273,13 +301,13 @@ class Monitor:
 
     def log_train(self, record: dict, eta_s: float) -> None:
         if self.enabled:
-            record = dict(record, **memory())
+            record = dict(record, **memory(), **device_memory())
         self.write(record)
         mfu = "n/a" if record.get("mfu") is None else f"{100 * record['mfu']:.1f}%"
         grad = "n/a" if record["grad_norm"] is None else f"{record['grad_norm']:.3f}"  # fp16: every step skipped
         line = (f"step {record['step']:>{len(str(self.args.train_iters))}}/{self.args.train_iters} | "
                 f"loss {record['loss']:.4f} | lr {record['lr']:.3e} | grad norm {grad} | "
-                f"{record['tokens_per_s']:,.0f} tok/s | MFU {mfu} | ETA {_fmt_time(eta_s)}")
+                f"{throughput_text(record)} | MFU {mfu}{memory_text(record)} | ETA {_fmt_time(eta_s)}")
         if "loss_scale" in record:
             line += f" | loss scale {record['loss_scale']:.6g} | skipped {record['skipped_iters']}"
         if record.get("gate_mean"):
@@ -292,6 +320,12 @@ class Monitor:
         ppl = math.exp(min(val_loss, 50.0))
         self.write({"step": step, "val_loss": val_loss, "val_ppl": ppl})
         self.print(f"validation at step {step}: loss {val_loss:.4f} | ppl {ppl:.2f}")
+
+    def log_test(self, step: int, test_loss: float) -> None:
+        """The test split's loss at the end of training (Megatron-LM scores it there): test_loss, test_ppl."""
+        ppl = math.exp(min(test_loss, 50.0))
+        self.write({"step": step, "test_loss": test_loss, "test_ppl": ppl})
+        self.print(f"test at step {step}: loss {test_loss:.4f} | ppl {ppl:.2f}")
 
     def log_tasks(self, step: int, scores: dict, failures: dict) -> None:
         """--eval-tasks: {'task/metric': value} as one metrics.jsonl row (key eval_tasks; wandb: eval_tasks/...),

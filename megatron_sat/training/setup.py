@@ -20,7 +20,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron_sat.model.args import model_args, record
 from megatron_sat.model.config import SATConfig, make_config
 from megatron_sat.parallel.layout import Layout
-from megatron_sat.training import schedule
+from megatron_sat.training import megatron_lm_flags, schedule
 
 
 class PrecisionAndLayout(NamedTuple):
@@ -66,6 +66,7 @@ def model_config(args: argparse.Namespace, layout: Optional[Layout] = None, dtyp
     profiler's config; the planner counts recompute itself, evaluation runs no backward). ValueError for what the
     config refuses."""
     extra = dict(fp8=args.fp8_format, **recompute_fields(args)) if training else {}
+    extra.update(megatron_lm_flags.config_fields(args, gpu=torch.cuda.is_available()))  # --init-method-std, fusions
     return described_config(model_args(args), layout, dtype, **extra)
 
 

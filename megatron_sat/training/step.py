@@ -8,6 +8,7 @@ makes every layout give the same numbers.
 """
 
 import math
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator, List, Optional, Sequence
@@ -27,15 +28,16 @@ from megatron_sat.training import optimizer_resume
 
 
 def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_grad_reduce: bool = False,
-             grad_reduce_in_fp32: bool = True):
-    """Megatron DDP around each chunk (gradient buffers, DP all-reduce) and the config hooks. grad_reduce_in_fp32:
-    the gradient buffer (micro-batch accumulation and the DP reduction) in fp32, else in the parameters' dtype
-    (--grad-reduce-in-bf16)."""
+             overlap_param_gather: bool = False, grad_reduce_in_fp32: bool = True):
+    """Megatron DDP around each chunk (gradient buffers, DP all-reduce) and the config hooks. overlap_param_gather
+    (distributed optimizer only) is DistributedDataParallelConfig's; grad_reduce_in_fp32: the gradient buffer
+    (micro-batch accumulation and the DP reduction) in fp32, else in the parameters' dtype (--grad-reduce-in-bf16)."""
     config.calculate_per_token_loss = True
     config.finalize_model_grads_func = finalize_grads
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=grad_reduce_in_fp32,
         overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather and use_distributed_optimizer,
         use_distributed_optimizer=use_distributed_optimizer,
     )
     return [
@@ -47,7 +49,8 @@ def wrap_ddp(chunks, config, use_distributed_optimizer: bool = False, overlap_gr
 def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: float = 0.1,
                     clip_grad: float = 1.0, betas=(0.9, 0.95), eps: float = 1e-8,
                     bf16: bool = False, use_distributed_optimizer: bool = False, weight_decay_params: str = "matrices",
-                    fp16: Optional[dict] = None):
+                    fp16: Optional[dict] = None, decoupled_lr: Optional[float] = None,
+                    decoupled_min_lr: Optional[float] = None):
     """Megatron's AdamW (Apex/TE fused when present, torch's otherwise) with gradient clipping.
 
     weight_decay_params: 'matrices' is Megatron's rule (1-D tensors and biases are not decayed); 'all' decays
@@ -73,6 +76,8 @@ def build_optimizer(chunks, *, lr: float, min_lr: float = 0.0, weight_decay: flo
         params_dtype=torch.bfloat16 if bf16 else torch.float16 if fp16 is not None else torch.float32,
         use_distributed_optimizer=use_distributed_optimizer,
         **(fp16 or {}),
+        decoupled_lr=decoupled_lr,  # the embedding's and output layer's own peak and minimum LR (None: --lr's)
+        decoupled_min_lr=decoupled_min_lr,
     )
     # Megatron-Core's standard overrides are exactly its no-decay rule; an empty set of overrides decays everything
     return get_megatron_optimizer(config, chunks, config_overrides={} if weight_decay_params == "all" else None)
@@ -89,19 +94,23 @@ def count_chunk_parameters(chunks) -> int:
 
 def setup_model_and_optimizer(config, *, vocab_size: int, max_sequence_length: int, rotary_base: int = 10000,
                               backend: Optional[str] = None, use_distributed_optimizer: bool = False,
-                              overlap_grad_reduce: bool = False, grad_reduce_in_fp32: bool = True, **optimizer_kwargs):
+                              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+                              grad_reduce_in_fp32: bool = True, share_embeddings_and_output_weights: bool = True,
+                              **optimizer_kwargs):
     """The model (its chunks on this rank) wrapped as it trains, and its optimizer.
 
     Returns (chunks, parameter count over all ranks, optimizer): GPTModel -> Float16Module under BF16 ->
     Megatron DDP (grad_reduce_in_fp32: see wrap_ddp). optimizer_kwargs go to build_optimizer (lr, min_lr,
     weight_decay, clip_grad, betas, eps)."""
     chunks = build_model(config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
-                         rotary_base=rotary_base, backend=backend)
+                         rotary_base=rotary_base, backend=backend,
+                         share_embeddings_and_output_weights=share_embeddings_and_output_weights)
     num_params = count_chunk_parameters(chunks)
     if config.bf16 or config.fp16:
         chunks = [Float16Module(config, c) for c in chunks]
     chunks = wrap_ddp(chunks, config, use_distributed_optimizer=use_distributed_optimizer,
-                      overlap_grad_reduce=overlap_grad_reduce, grad_reduce_in_fp32=grad_reduce_in_fp32)
+                      overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                      grad_reduce_in_fp32=grad_reduce_in_fp32)
     fp16 = optimizer_kwargs.pop("fp16", None)
     if config.fp16 and fp16 is None:
         fp16 = {}  # megatron-core's loss-scale defaults (Megatron-LM's): the profilers build without the trainer's flags
@@ -174,15 +183,23 @@ class StepResult:
     success: bool               # the optimizer took the step
     stop_signals: int           # ranks that asked to stop (a signal), summed over the world
     time_up: bool               # some rank passed its time limit
+    forward_backward_s: float = 0.0  # this rank's wall time in forward-backward (data loading inside it included)
+    optimizer_s: float = 0.0         # in the optimizer step (clipping, the distributed optimizer's gathers)
 
 
 def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: int, seq_length: int,
                micro_batch_size: int, scheduler=None, forward_step_func=gpt_forward_step,
-               stop_requested: bool = False, time_up: bool = False) -> StepResult:
+               stop_requested: bool = False, time_up: bool = False, scheduler_increment: float = 1,
+               sync_timers: bool = False) -> StepResult:
     """One optimizer step: forward/backward over the schedule, one world all-reduce of the loss and the stop
     flags, the NaN/Inf check, the optimizer step (clipping inside), the LR scheduler step.
 
-    The trainer, the profiler and the tests all step through here."""
+    scheduler_increment: how far the LR schedule advances, in steps of the full global batch (below 1 while
+    --rampup-batch-size ramps: Megatron-LM's schedule counts samples). The trainer, the profiler and the tests all
+    step through here. sync_timers: synchronise the GPU around the phases so that their times are the kernels'
+    (--log-timers-to-tensorboard; the CPU needs none)."""
+    sync = torch.cuda.synchronize if sync_timers and torch.cuda.is_available() else (lambda: None)
+    t0 = time.perf_counter()
     loss_dicts = run_forward_backward(chunks, optimizer, config, data_iterator, num_microbatches=num_microbatches,
                                       seq_length=seq_length, micro_batch_size=micro_batch_size,
                                       forward_step_func=forward_step_func)
@@ -192,13 +209,17 @@ def train_step(chunks, optimizer, config, data_iterator, *, num_microbatches: in
     if not math.isfinite(loss):
         raise NonFiniteLoss(f"loss is {loss}")
     lr = optimizer.param_groups[0]["lr"]
+    sync()
+    t1 = time.perf_counter()
     success, grad_norm, _ = optimizer.step()  # fp16: success False when the scaled gradients overflowed
+    sync()
+    t2 = time.perf_counter()
     if grad_norm is not None and not math.isfinite(grad_norm):
         raise NonFiniteLoss(f"gradient norm is {grad_norm}")
     if scheduler is not None and success:  # a skipped step does not advance the schedule (as Megatron-LM)
-        scheduler.step(increment=1)
+        scheduler.step(increment=scheduler_increment)
     return StepResult(loss=loss, grad_norm=grad_norm, lr=lr, success=bool(success), stop_signals=int(signals),
-                      time_up=late > 0)
+                      time_up=late > 0, forward_backward_s=t1 - t0, optimizer_s=t2 - t1)
 
 
 def evaluate(chunks, optimizer, config, data_iterator, *, iterations: int, num_microbatches: int, seq_length: int,

@@ -18,6 +18,7 @@ built; also another job holding the run folder, or a --save that cannot be writt
 """
 
 import contextlib
+import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,12 +34,13 @@ from megatron_sat.model.specs import te_available
 from megatron_sat.parallel.layout import initialize, validate
 from megatron_sat.parallel.process_group import init_from_env
 from megatron_sat.training import checkpointing as ckpt
-from megatron_sat.training import schedule
+from megatron_sat.training import megatron_lm_flags, schedule
 from megatron_sat.training.arguments import build_parser
 from megatron_sat.training.config_file import config_dict
 from megatron_sat.training.data import build_iterators, tokenizer_and_data
 from megatron_sat.training.gate_telemetry import GateTelemetry
 from megatron_sat.training.monitor import Monitor
+from megatron_sat.training.profiler import StepProfiler, TimedIterator, bubble_fraction
 from megatron_sat.training.run_folder import checkpoint_dir, clean_stale, latest_iteration, model_differences
 from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
 from megatron_sat.training.run_paths import record_paths
@@ -77,9 +79,11 @@ class Window:
     loss: float = 0.0
     grad: float = 0.0
     skipped: int = 0  # fp16: steps whose gradients overflowed (no update)
+    samples: int = 0    # sequences trained (the global batch per step; less while --rampup-batch-size ramps)
+    phases: dict = field(default_factory=dict)  # --log-timers-to-tensorboard: seconds per phase, summed
 
-    def add(self, dt: float, result) -> None:
-        self.time, self.steps = self.time + dt, self.steps + 1
+    def add(self, dt: float, result, samples: int) -> None:
+        self.time, self.steps, self.samples = self.time + dt, self.steps + 1, self.samples + samples
         self.loss, self.grad = self.loss + result.loss, self.grad + (result.grad_norm or 0.0)
         self.skipped += not result.success
 
@@ -249,14 +253,17 @@ class Loop:
         self.chunks, num_params, self.optimizer = setup_model_and_optimizer(
             config, vocab_size=vocab_size, max_sequence_length=args.seq_length, rotary_base=args.rotary_base,
             backend=setup.backend, use_distributed_optimizer=setup.dist_opt,
-            overlap_grad_reduce=args.overlap_grad_reduce, grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
-            lr=args.lr, min_lr=args.min_lr,
+            overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather and setup.dist_opt,
+            grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr, lr=args.lr, min_lr=args.min_lr,
             weight_decay=args.weight_decay, clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_eps, weight_decay_params=args.weight_decay_params, fp16=fp16_options(args))
         self.schedule_mode = schedule_mode
         self.scheduler = scheduler(self.optimizer, args, schedule_mode)
         self.iteration, self.consumed = self._restore(resume, pretrained)
-        self.train_iter, self.valid_iters = build_iterators(args, tokenizer, data, self.consumed)
+        train_iter, self.valid_iters, self.test_iters = build_iterators(args, tokenizer, data, self.consumed)
+        self.train_iter = TimedIterator(train_iter)
         self.flops_tok = flops_per_token(config, args.seq_length, vocab_size)
         self.peak = peak_flops_per_device(args.peak_tflops)
         run_config = dict(vars(args), world_size=setup.world, data_parallel_size=layout.dp(setup.world),
@@ -276,6 +283,9 @@ class Loop:
                                 debug_delay_s=args.debug_save_delay, debug_fail_at=args.debug_fail_save_at)
         self.last_saved = self.iteration if resume is not None else None
         self.tasks = task_runner(args, self.chunks, tokenizer, log) if task_runner and args.eval_tasks else None
+        self.profiler = StepProfiler(args, rank, log)
+        if args.manual_gc:  # Megatron-LM's --manual-gc: no automatic collections, gc.collect() on our schedule
+            gc.disable()
 
     def _restore(self, resume, pretrained):
         """(iteration, consumed samples) after loading what --load or --pretrained-checkpoint hold."""
@@ -312,13 +322,15 @@ class Loop:
         self.watchdog = Watchdog(args.save, torch.distributed.get_rank(), self.setup.world, 60 * hang,
                                  log=self.log).start()
         try:
-            return self._run()
+            with self.profiler.oom_snapshot():
+                return self._run()
         finally:
+            self.profiler.close()
             self.watchdog.close()
 
     def _run(self) -> int:
         args = self.args
-        start_iteration, t_train, self.step_time_total = self.iteration, time.time(), 0.0
+        start_consumed, t_train, self.step_time_total = self.consumed, time.time(), 0.0
         try:
             exit_reason = self._train()
             train_time = time.time() - t_train
@@ -342,11 +354,11 @@ class Loop:
                      f"resume with --load {args.save}")
             return 0
         val_loss = self._evaluate() if (args.eval_interval or args.eval_iters) else None
+        self._evaluate_test()
         if self.tasks is not None:
             self._evaluate_tasks()
         self.monitor.close()
-        steps = self.iteration - start_iteration
-        tps = steps * args.global_batch_size * args.seq_length / max(self.step_time_total, 1e-9)
+        tps = (self.consumed - start_consumed) * args.seq_length / max(self.step_time_total, 1e-9)
         self.log(f"done: {self.iteration} steps in {train_time:.0f} s | {tps:,.0f} tokens/s (training steps only) | "
                  f"final validation loss {'n/a' if val_loss is None else f'{val_loss:.4f}'}")
         if args.save:
@@ -365,16 +377,26 @@ class Loop:
             time_up = (args.exit_duration_in_mins is not None and torch.distributed.get_rank() == 0
                        and time.time() - self.t_start > 60 * args.exit_duration_in_mins)
             forward = self._nan_forward_step if args.debug_inject_nan_at_step == self.iteration + 1 else gpt_forward_step
+            # --rampup-batch-size: this step's global batch (else the full one), in whole micro-batches x DP
+            per_micro = args.global_batch_size // setup.num_micro  # micro-batch x data-parallel size
+            num_micro = max(1, megatron_lm_flags.global_batch_at(args, self.consumed) // per_micro)
+            batch = num_micro * per_micro
+            self.profiler.before_step(self.iteration + 1)
             result = train_step(self.chunks, self.optimizer, setup.config, self.train_iter,
-                                num_microbatches=setup.num_micro, seq_length=args.seq_length,
+                                num_microbatches=num_micro, seq_length=args.seq_length,
                                 micro_batch_size=args.micro_batch_size, scheduler=self.scheduler,
                                 forward_step_func=forward, stop_requested=self.stop.received is not None,
-                                time_up=time_up)
+                                time_up=time_up, sync_timers=args.log_timers_to_tensorboard,
+                                scheduler_increment=1 if batch == args.global_batch_size else batch / args.global_batch_size)
             self.iteration += 1
-            self.consumed += args.global_batch_size
+            self.consumed += batch
+            self.profiler.after_step(self.iteration)
+            self._collect_memory()
             dt = time.time() - t0
             self.step_time_total += dt
-            window.add(dt, result)
+            window.add(dt, result, batch)
+            if args.log_timers_to_tensorboard:
+                self._add_phases(window, result, num_micro)
             self.monitor.advance()
             exit_reason = None
             if result.stop_signals:
@@ -397,20 +419,59 @@ class Loop:
                 self._save()
         return None
 
+    def _add_phases(self, window: Window, result, num_micro: int) -> None:
+        """--log-timers-to-tensorboard: this step's phases (seconds, rank 0's view) into the window."""
+        data = self.train_iter.take()
+        fb = result.forward_backward_s - data
+        layout = self.setup.layout
+        phases = dict(data=data, forward_backward=fb, optimizer=result.optimizer_s,
+                      pipeline_bubble_est=fb * bubble_fraction(layout.pp, num_micro, layout.vpp))
+        for name, seconds in phases.items():
+            window.phases[name] = window.phases.get(name, 0.0) + seconds
+
+    def _per_device(self, tps: float) -> dict:
+        """Throughput per device next to the job's, and the model TFLOP/s each device delivers."""
+        world = self.setup.world
+        return dict(tokens_per_s_per_device=tps / world, tflops_per_device=self.flops_tok * tps / world / 1e12)
+
     def _log(self, window: Window, lr: float) -> None:
         args = self.args
         step_time = window.time / window.steps
-        tps = args.global_batch_size * args.seq_length / step_time
+        tps = window.samples * args.seq_length / window.time
         mfu = None if self.peak is None else self.flops_tok * tps / (self.peak * self.setup.world)
         updated = window.steps - window.skipped
         record = dict(step=self.iteration, loss=window.loss / window.steps, lr=lr,
                       grad_norm=window.grad / updated if updated else None,
-                      tokens_per_s=tps, mfu=mfu, step_time_s=step_time, consumed_samples=self.consumed)
+                      tokens_per_s=tps, mfu=mfu, step_time_s=step_time, consumed_samples=self.consumed,
+                      **self._per_device(tps))
+        record.update({f"timers_{k}_s": v / window.steps for k, v in window.phases.items()})
         if args.fp16:  # Megatron-LM's names: the steps skipped in this line's window, the scale after them
             record.update(skipped_iters=window.skipped, loss_scale=self.optimizer.get_loss_scale().item())
         if self.gates is not None:
             record.update(self.gates.collect() or {})
         self.monitor.log_train(record, eta_s=step_time * (args.train_iters - self.iteration))
+
+    def _collect_memory(self) -> None:
+        """--manual-gc-interval and --empty-unused-memory-level (Megatron-LM's meanings) after a step."""
+        args = self.args
+        if args.manual_gc and args.manual_gc_interval and self.iteration % args.manual_gc_interval == 0:
+            gc.collect()
+        if args.empty_unused_memory_level and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _evaluate_test(self) -> Optional[float]:
+        """The test split (--split's third share or --test-data-path), scored once at the end of training as
+        Megatron-LM does; metrics.jsonl gets {"step", "test_loss", "test_ppl"}."""
+        it = self.test_iters()
+        if it is None:
+            return None
+        progress = lambda i: self.watchdog.beat(f"test pass {i + 1} after step {self.iteration}")  # noqa: E731
+        with self.gates.paused() if self.gates else contextlib.nullcontext():
+            loss = evaluate(self.chunks, self.optimizer, self.setup.config, it, iterations=self.setup.eval_passes,
+                            num_microbatches=self.setup.eval_micro, seq_length=self.args.seq_length,
+                            micro_batch_size=self.args.micro_batch_size, progress=progress)
+        self.monitor.log_test(self.iteration, loss)
+        return loss
 
     def _evaluate(self) -> Optional[float]:
         it = self.valid_iters()
@@ -435,6 +496,8 @@ class Loop:
         self.monitor.log_tasks(self.iteration, scores, failures)
 
     def _save(self) -> None:
+        if self.args.manual_gc:
+            gc.collect()
         self.watchdog.beat(f"save of iteration {self.iteration}")
         self.saver.save(self.iteration, consumed_samples=self.consumed, args=dict(vars(self.args)),
                         model=self.setup.model_fields)

@@ -1,0 +1,250 @@
+"""Megatron-LM's pretrain_gpt.py flags that a Megatron-LM script brings, under their own argument group.
+
+Three kinds (docs/ecosystem.md, "Megatron-LM flags", lists each):
+
+- flags that describe the model the archs here already are (the Llama block: RMSNorm, SwiGLU, RoPE, no biases, no
+  dropout, ...): a no-op when the value matches, a one-line refusal naming the conflict when it does not
+  (`arch_description_errors`);
+- flags that work as in Megatron-LM: the sample-based schedule and batch-size ramp-up (`resolve`,
+  `global_batch_at`), --recompute-activations, --num-workers, --no-mmap-bin-files, --overlap-param-gather,
+  --manual-gc, --init-method-std, --untie-embeddings-and-output-weights, --wandb-save-dir;
+- flags accepted for what they do on a GPU only (fusions, empty_cache, kernel choice): documented, no effect on CPU.
+
+Registered from arguments.build_parser with `add_arguments(parser, group)`; `resolve` runs with the layered
+arguments (it converts samples to steps), `errors` with the other argument checks. No torch here.
+"""
+
+import argparse
+from typing import List, Optional
+
+from megatron_sat.archs import ARCHS
+
+# the values the archs here have (megatron_sat/model/config.py make_config): Megatron-LM's flag -> value
+NORMALIZATION = "RMSNorm"
+POSITION_EMBEDDING = "rope"
+ARCH_INIT_STD = 0.02
+ARCH_NORM_EPS = 1e-6
+
+
+def add_arguments(parser: argparse.ArgumentParser, group) -> None:
+    """The flags, in two groups made with arguments._group (`group(parser, title, names_run)`)."""
+    g = group(parser, "Megatron-LM model description (no-ops when they match the arch; refused otherwise)",
+              names_run=False)
+    g("--use-mcore-models", action="store_true", help="no-op: every model here is a Megatron-Core GPTModel")
+    g("--swiglu", action="store_true", help="no-op: every arch's MLP is SwiGLU")
+    g("--disable-bias-linear", action="store_true", help="no-op: no linear layer here has a bias")
+    g("--group-query-attention", action="store_true",
+      help="no-op: grouped-query attention is --num-query-groups (default: one group per head)")
+    g("--normalization", default=None, help=f"no-op when {NORMALIZATION} (every norm here); anything else is refused")
+    g("--norm-epsilon", type=float, default=None, help=f"no-op when {ARCH_NORM_EPS:g} (the archs' norms); else refused")
+    g("--position-embedding-type", default=None,
+      help=f"no-op when {POSITION_EMBEDDING} (every arch here); anything else is refused")
+    g("--rotary-percent", type=float, default=None, help="no-op when 1.0 (RoPE on the whole head); else refused")
+    g("--max-position-embeddings", type=int, default=None,
+      help="no-op when >= --seq-length (RoPE has no position table); a smaller value is refused")
+    g("--kv-channels", type=int, default=None,
+      help="no-op when = --hidden-size / --num-attention-heads (the head size here); else refused")
+    g("--attention-dropout", type=float, default=None, help="no-op when 0 (no dropout here); else refused")
+    g("--hidden-dropout", type=float, default=None, help="no-op when 0 (no dropout here); else refused")
+    g("--apply-layernorm-1p", action="store_true",
+      help="no-op under --weight-decay-params matrices: a norm weight stored as 1 + w starts at the same 1 and takes "
+           "the same Adam steps when norms are not decayed; refused with --weight-decay-params all")
+    g("--attention-backend", default=None, choices=["auto", "flash", "fused", "unfused", "local"],
+      help="accepted: a kernel choice, the same attention. Transformer Engine picks its kernel; the local "
+           "implementation uses --local-attention")
+    g("--calculate-per-token-loss", action="store_true",
+      help="no-op: the loss here is always the mean over the step's tokens (Megatron-Core's per-token loss)")
+    g("--no-create-attention-mask-in-dataloader", action="store_true",
+      help="no-op: the loader never builds a mask (causal attention in the kernel)")
+    g("--tiktoken-pattern", default=None, help="accepted: Megatron-LM's TikTokenizer only; no effect here")
+    g("--init-method-std", type=float, default=None, names_run=True,
+      help=f"std of the normal weight init (default: the arch's {ARCH_INIT_STD:g})")
+    g("--untie-embeddings-and-output-weights", action="store_true", names_run=True,
+      help="a separate output layer (default: tied to the input embedding)")
+    g = group(parser, "Megatron-LM training, data and logging flags", names_run=False)
+    g("--lr-warmup-samples", type=int, default=None, metavar="N", names_run=True,
+      help="warm up over N samples (Megatron-LM's sample-based schedule: N / global batch steps, fractional allowed)")
+    g("--lr-decay-samples", type=int, default=None, metavar="N", names_run=True,
+      help="decay over N samples (N / global batch steps); default: --lr-decay-iters, else the training length")
+    g("--rampup-batch-size", nargs=3, type=int, default=None, metavar=("START", "INCR", "SAMPLES"), names_run=True,
+      help="Megatron-LM's batch-size ramp-up: the global batch grows from START by INCR over SAMPLES samples; "
+           "needs --train-samples (Megatron-LM refuses it with --train-iters)")
+    g("--recompute-activations", action="store_true",
+      help="Megatron-LM's shorthand for --recompute-granularity selective")
+    g("--num-workers", type=int, default=0, help="DataLoader worker processes per rank (0: load in the training process)")
+    g("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
+      help="read the .bin files with plain reads instead of memory maps (Megatron-Core's mmap_bin_files)")
+    g("--overlap-param-gather", action="store_true",
+      help="with --use-distributed-optimizer: all-gather updated parameters during the next forward (Megatron-Core)")
+    g("--manual-gc", action="store_true",
+      help="turn Python's automatic garbage collector off and collect every --manual-gc-interval steps (same on "
+           "CPU and GPU: avoids collection pauses that desynchronise ranks)")
+    g("--manual-gc-interval", type=int, default=0, metavar="N", help="with --manual-gc: collect every N steps (0: never "
+      "during training, at evaluations only)")
+    g("--cross-entropy-loss-fusion", action="store_true",
+      help="Megatron-Core's fused cross entropy on a GPU (same loss); on CPU the unfused one runs")
+    g("--empty-unused-memory-level", type=int, default=0, choices=[0, 1, 2],
+      help="on a GPU, torch.cuda.empty_cache() after each step (1 and 2: after the step; no effect on CPU)")
+    g("--decoupled-lr", type=float, default=None, names_run=True,
+      help="a separate peak LR for the input embedding and output layer (Megatron-Core's decoupled_lr)")
+    g("--decoupled-min-lr", type=float, default=None, names_run=True,
+      help="their minimum LR (Megatron-Core's decoupled_min_lr)")
+    g("--vocab-file", default=None, metavar="FILE", help="refused (GPT2BPETokenizer files): see --merge-file")
+    g("--merge-file", default=None, metavar="FILE",
+      help="refused: GPT-2 BPE vocab/merge files are read as a Hugging Face tokenizer here (the refusal says how)")
+    g("--log-throughput", action="store_true",
+      help="accepted: the step line always shows tokens/s (per job and per device) and TFLOP/s per device")
+    g("--wandb-save-dir", default=None, metavar="DIR", help="wandb's local folder (default: the run folder)")
+    g = group(parser, "profiling (Megatron-LM's flags; training/profiler.py)", names_run=False)
+    g("--profile", action="store_true",
+      help="profile steps --profile-step-start to --profile-step-end: with --use-pytorch-profiler a torch profiler "
+           "trace in RUN/profile/ (TensorBoard and Perfetto read it; CPU and GPU), else an nsys capture range "
+           "(cudaProfilerStart/Stop; GPU only, nothing recorded on CPU)")
+    g("--profile-step-start", type=int, default=10, help="first profiled step (1-based, as the step line counts)")
+    g("--profile-step-end", type=int, default=12, help="last profiled step")
+    g("--use-pytorch-profiler", action="store_true", help="with --profile: torch.profiler, traces in RUN/profile/")
+    g("--profile-ranks", nargs="+", type=int, default=[0], metavar="RANK", help="the ranks that profile")
+    g("--record-memory-history", action="store_true",
+      help="GPU: record CUDA allocator history (torch.cuda.memory._record_memory_history) and write a snapshot to "
+           "--memory-snapshot-path on CUDA out-of-memory and at the end (open it at pytorch.org/memory_viz)")
+    g("--memory-snapshot-path", default=None, metavar="FILE",
+      help="where the memory snapshot goes (default RUN/profile/memory_snapshot_rankR.pickle)")
+    g("--log-memory-to-tensorboard", action="store_true",
+      help="accepted: memory (allocated, reserved, peak per device) is always logged where memory exists (GPU)")
+    g("--log-timers-to-tensorboard", action="store_true",
+      help="log the step's phases (data, forward-backward, optimizer, pipeline bubble) as timers/* scalars")
+    g("--timing-log-level", type=int, default=0, choices=[0, 1, 2],
+      help="accepted: the phases logged with --log-timers-to-tensorboard are the same at every level")
+
+
+def resolve(args: argparse.Namespace, level: dict) -> List[str]:
+    """What depends on other flags: --recompute-activations, the sample-based schedule and the ramp-up's training
+    length; `level` says where each value came from (arguments.resolve_args). Returns the errors."""
+    errors = []
+    if not (level.get("arch") or args.recipe or args.config):  # never a silent default model (a GPT script
+        # would train SATFormer); a recipe or config file without an arch keeps the default, as it always did
+        errors.append("which model? give --arch (one of " + ", ".join(ARCHS) + "), or a --recipe or --config that "
+                      "names one")
+    if args.recompute_activations:
+        if args.recompute_granularity == "full" and level.get("recompute_granularity", 0) >= level.get(
+                "recompute_activations", 0):
+            errors.append("--recompute-activations means --recompute-granularity selective: drop one of them")
+        else:
+            args.recompute_granularity = "selective"
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+        args.sequence_parallel = False  # as Megatron-LM: sequence parallelism splits what TP shares; none at TP1
+    gbs = args.global_batch_size
+    if args.rampup_batch_size is not None:
+        if args.train_samples is None:
+            errors.append("--rampup-batch-size needs --train-samples (Megatron-LM refuses it with --train-iters: "
+                          "expected no batch-size rampup for iteration-based training)")
+        else:
+            problem = rampup_error(args)
+            if problem:
+                errors.append(problem)
+            else:
+                args.train_iters = rampup_iterations(args)
+    # sample-based schedule: in steps of the full global batch, fractional as Megatron-LM's sample count allows
+    if args.lr_warmup_samples is not None:
+        if level.get("lr_warmup_iters") and level.get("lr_warmup_iters") == level.get("lr_warmup_samples"):
+            errors.append("give --lr-warmup-iters or --lr-warmup-samples, not both")
+        args.lr_warmup_iters, args.lr_warmup_fraction = args.lr_warmup_samples / gbs, None
+    if args.lr_decay_samples is not None:
+        if level.get("lr_decay_iters") and level.get("lr_decay_iters") == level.get("lr_decay_samples"):
+            errors.append("give --lr-decay-iters or --lr-decay-samples, not both")
+        args.lr_decay_iters = args.lr_decay_samples / gbs
+    return errors
+
+
+def rampup_error(args: argparse.Namespace) -> Optional[str]:
+    start, incr, samples = args.rampup_batch_size
+    if start < 1 or incr < 1 or samples < 0 or start > args.global_batch_size \
+            or (args.global_batch_size - start) % incr:
+        return (f"--rampup-batch-size {start} {incr} {samples}: need 1 <= START <= --global-batch-size "
+                f"{args.global_batch_size}, INCR >= 1 dividing the difference, SAMPLES >= 0")
+    return None
+
+
+def global_batch_at(args: argparse.Namespace, consumed: int) -> int:
+    """The global batch of the step that starts after `consumed` samples (Megatron-Core's ramp-up rule: START plus
+    INCR per SAMPLES / increments samples consumed, the full batch after SAMPLES), rounded down to a multiple of
+    micro-batch x data-parallel size by the caller's num_microbatches."""
+    if args.rampup_batch_size is None:
+        return args.global_batch_size
+    start, incr, samples = args.rampup_batch_size
+    increments = (args.global_batch_size - start) // incr
+    if increments == 0 or consumed > samples:
+        return args.global_batch_size
+    return min(args.global_batch_size, start + int(consumed / (samples / increments)) * incr)
+
+
+def rampup_iterations(args: argparse.Namespace) -> int:
+    """Steps to consume --train-samples under the ramp-up (Megatron-LM's count: ramp steps, then full batches)."""
+    consumed = iterations = 0
+    while consumed <= args.rampup_batch_size[2] and consumed <= args.train_samples:
+        consumed += global_batch_at(args, consumed)
+        iterations += 1
+    return iterations + max(0, args.train_samples - consumed) // args.global_batch_size
+
+
+def errors(args: argparse.Namespace) -> List[str]:
+    """One line per model-description flag whose value is not what the arch is, and per bad value."""
+    out = []
+
+    def conflict(flag: str, value, why: str) -> None:
+        out.append(f"{flag} {value} conflicts with --arch {args.arch}: {why}; drop the flag (it describes the model)")
+
+    if args.normalization is not None and args.normalization != NORMALIZATION:
+        conflict("--normalization", args.normalization, f"every norm here is {NORMALIZATION}")
+    if args.norm_epsilon is not None and args.norm_epsilon != ARCH_NORM_EPS:
+        conflict("--norm-epsilon", args.norm_epsilon, f"the norms here use eps {ARCH_NORM_EPS:g}")
+    if args.position_embedding_type is not None and args.position_embedding_type != POSITION_EMBEDDING:
+        conflict("--position-embedding-type", args.position_embedding_type, "every arch here uses RoPE")
+    if args.rotary_percent is not None and args.rotary_percent != 1.0:
+        conflict("--rotary-percent", args.rotary_percent, "RoPE rotates the whole head here (1.0)")
+    if args.max_position_embeddings is not None and args.max_position_embeddings < args.seq_length:
+        out.append(f"--max-position-embeddings {args.max_position_embeddings} is below --seq-length "
+                   f"{args.seq_length}: give at least the sequence length")
+    heads = args.num_attention_heads
+    if args.kv_channels is not None and (not heads or args.kv_channels * heads != args.hidden_size):
+        conflict("--kv-channels", args.kv_channels,
+                 f"the head size here is --hidden-size / --num-attention-heads = {args.hidden_size}/{heads}")
+    for flag, value in (("--attention-dropout", args.attention_dropout), ("--hidden-dropout", args.hidden_dropout)):
+        if value not in (None, 0.0):
+            conflict(flag, value, "the archs here train without dropout (0)")
+    if args.apply_layernorm_1p and args.weight_decay_params == "all":
+        out.append("--apply-layernorm-1p with --weight-decay-params all would decay norm weights towards 1, which "
+                   "the norms here do not: use --weight-decay-params matrices (norms undecayed), where it is a no-op")
+    if args.init_method_std is not None and args.init_method_std <= 0:
+        out.append(f"--init-method-std must be > 0 (got {args.init_method_std})")
+    if args.num_workers < 0 or args.manual_gc_interval < 0:
+        out.append("--num-workers and --manual-gc-interval must be >= 0")
+    if args.overlap_param_gather and args.use_distributed_optimizer is False:
+        out.append("--overlap-param-gather needs the distributed optimizer: drop --no-use-distributed-optimizer")
+    if (args.decoupled_min_lr is not None) and args.decoupled_lr is None:
+        out.append("--decoupled-min-lr needs --decoupled-lr")
+    if args.vocab_file or args.merge_file:
+        out.append("--vocab-file/--merge-file (GPT2BPETokenizer) are not read here: save them as a Hugging Face "
+                   "tokenizer, python -c \"from transformers import GPT2TokenizerFast as T; T(vocab_file='VOCAB', "
+                   "merges_file='MERGES').save_pretrained('DIR')\", and pass --tokenizer-type HuggingFaceTokenizer "
+                   "--tokenizer-model DIR (the data must have been made with that tokenizer)")
+    if args.decoupled_lr is not None and args.weight_decay_params == "all":
+        out.append("--decoupled-lr goes with --weight-decay-params matrices (Megatron-Core's parameter groups); "
+                   "drop one of them")
+    if args.profile and not 1 <= args.profile_step_start <= args.profile_step_end:
+        out.append(f"--profile-step-start {args.profile_step_start} and --profile-step-end {args.profile_step_end}: "
+                   "need 1 <= start <= end")
+    for flag in ("lr_warmup_samples", "lr_decay_samples"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 0:
+            out.append(f"--{flag.replace('_', '-')} must be >= 0")
+    return out
+
+
+def config_fields(args: argparse.Namespace, gpu: bool) -> dict:
+    """TransformerConfig fields these flags set (training/setup.py's model_config adds them)."""
+    fields = {}
+    if getattr(args, "init_method_std", None) is not None:
+        fields["init_method_std"] = args.init_method_std
+    if gpu and getattr(args, "cross_entropy_loss_fusion", False):
+        fields["cross_entropy_loss_fusion"] = True
+    return fields

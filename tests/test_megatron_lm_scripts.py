@@ -1,0 +1,194 @@
+"""Megatron-LM's own example scripts run here (tests/data/megatron_lm/*.args: their command lines with only sizes,
+iterations, paths and GPU-only flags changed, each change listed in the file), and the Megatron-LM flags that describe
+the model are no-ops when they match the arch and a one-line refusal (exit 2) when they do not.
+
+    .venv/bin/python -m pytest tests/test_megatron_lm_scripts.py
+"""
+
+import argparse
+import glob
+import json
+import os
+import shlex
+
+import pytest
+import torch
+from train_cli import ROOT, rows, train
+
+from megatron_sat.model.flops import peak_tflops_of
+from megatron_sat.training import megatron_lm_flags
+from megatron_sat.training.arguments import parse_args
+from megatron_sat.training.profiler import StepProfiler, bubble_fraction
+
+SCRIPTS = os.path.join(ROOT, "tests", "data", "megatron_lm")
+
+
+def script_args(name: str, **paths) -> list:
+    """The flags of tests/data/megatron_lm/NAME.args with {SAVE}, {DATA}, ... replaced by `paths`."""
+    with open(os.path.join(SCRIPTS, name + ".args")) as f:
+        text = f.read()
+    for key, value in paths.items():
+        text = text.replace("{" + key.upper() + "}", shlex.quote(str(value)))
+    return shlex.split(text, comments=True)
+
+
+def llama(tmp_path) -> list:
+    return script_args("train_llama3_8b_h100_fp8", save=tmp_path / "llama", tensorboard=tmp_path / "llama_tb",
+                       cache=tmp_path / "cache")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """(dataset prefix, tokenizer folder): the embedded corpus three times over (1158 documents, so that the 175B
+    script's --split 949,50,1 gives the test split documents), a 512-token BPE."""
+    from megatron_sat.data import load_tokenizer, preprocess, train_bpe_tokenizer, write_default_corpus
+
+    folder = tmp_path_factory.mktemp("corpus")
+    info = write_default_corpus(str(folder / "raw"))
+    train_bpe_tokenizer([info.path], 512, str(folder / "tok"))
+    preprocess([info.path] * 3, load_tokenizer(str(folder / "tok")), str(folder / "doc"), workers=1, progress=False)
+    return str(folder / "doc"), str(folder / "tok")
+
+
+@pytest.mark.slow  # a trainer run
+def test_llama3_8b_script_trains_two_steps_and_profiles_one(tmp_path):
+    """examples/llama/train_llama3_8b_h100_fp8.sh, shrunk; the test adds --use-pytorch-profiler and moves the profiled
+    range to step 2 alone (the script's --profile is an nsys range), so the trace must hold step 2 and not step 1."""
+    out = train(*llama(tmp_path), "--use-pytorch-profiler", "--profile-step-start", "2", "--no-progress-bar")
+    steps = [r for r in rows(tmp_path / "llama") if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2] and [r["consumed_samples"] for r in steps] == [4, 8]
+    config = json.loads((tmp_path / "llama" / "config.json").read_text())
+    assert config["arch"] == "transformer" and config["recompute_granularity"] is None
+    # --lr-warmup-samples 4 = one step of 4: step 1 at 0, step 2 at the peak; --untie: an output layer of its own
+    assert steps[0]["lr"] == 0.0 and steps[1]["lr"] == pytest.approx(1.5e-4)
+    # two embeddings of 512 x 64; per layer q and o 64 x 64, k and v 16 x 64 (one group), SwiGLU 3 x 64 x 224, two
+    # norms of 64 and the q/k norms of 16; the final norm
+    assert config["num_parameters"] == 2 * 512 * 64 + 2 * (2 * 64 * 64 + 2 * 16 * 64 + 3 * 64 * 224 + 2 * 64 + 2 * 16) + 64
+    traces = glob.glob(str(tmp_path / "llama" / "profile" / "*.pt.trace.json"))
+    assert len(traces) == 1, out
+    with open(traces[0]) as f:
+        events = json.load(f)["traceEvents"]  # the Chrome trace format TensorBoard's plugin and Perfetto read
+    profiled = {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert profiled == {"ProfilerStep#2"}
+    assert any(e.get("name") == "aten::mm" for e in events)  # the step's matrix products are in it
+
+
+@pytest.mark.slow  # a trainer run
+def test_gpt3_175b_script_ramps_the_batch_and_scores_the_test_split(tmp_path, corpus):
+    """examples/gpt3/train_gpt3_175b_distributed.sh, shrunk: --rampup-batch-size 2 2 2 trains 2 then 4 sequences;
+    --split 949,50,1 has a test share, scored at the end into metrics.jsonl. The test adds
+    --log-timers-to-tensorboard."""
+    prefix, tok = corpus
+    train(*script_args("train_gpt3_175b_distributed", save=tmp_path / "gpt", tensorboard=tmp_path / "gpt_tb",
+                       data=prefix, tokenizer=tok), "--no-progress-bar", "--log-timers-to-tensorboard")
+    records = rows(tmp_path / "gpt")
+    steps = [r for r in records if "loss" in r]
+    assert [(r["step"], r["consumed_samples"]) for r in steps] == [(1, 2), (2, 6)]
+    for r in steps:  # the test adds --log-timers-to-tensorboard: the step's phases, within the step's time
+        phases = [r[f"timers_{k}_s"] for k in ("data", "forward_backward", "optimizer")]
+        assert all(p >= 0 for p in phases) and sum(phases) <= r["step_time_s"] and r["timers_pipeline_bubble_est_s"] == 0
+        assert r["tokens_per_s_per_device"] == r["tokens_per_s"] and r["tflops_per_device"] > 0  # one device
+    tests = [r for r in records if "test_loss" in r]
+    assert len(tests) == 1 and tests[0]["step"] == 2 and 0 < tests[0]["test_loss"] < 10
+    assert os.listdir(tmp_path / "gpt_tb")
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def _problems(err: str) -> list:
+    """The lines of an 'invalid arguments:' refusal, one per problem."""
+    return err.split("invalid arguments:")[1].strip().splitlines()
+
+
+@pytest.mark.parametrize("flag, value, named", [
+    ("--normalization", "LayerNorm", "--normalization LayerNorm conflicts with --arch transformer: every norm here is RMSNorm"),
+    ("--position-embedding-type", "learned_absolute", "--position-embedding-type learned_absolute conflicts"),
+    ("--hidden-dropout", "0.1", "--hidden-dropout 0.1 conflicts with --arch transformer"),
+    ("--kv-channels", "32", "--kv-channels 32 conflicts with --arch transformer: the head size here is"),
+    ("--max-position-embeddings", "16", "--max-position-embeddings 16 is below --seq-length 32"),
+    ("--vocab-file", "gpt2-vocab.json", "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here"),
+])
+def test_a_conflicting_model_flag_exits_2_naming_it(tmp_path, capsys, flag, value, named):
+    err = _refused([*llama(tmp_path), flag, value], capsys)
+    assert len(_problems(err)) == 1 and named in _problems(err)[0]  # one line, naming the flag and the conflict
+
+
+def test_the_script_parses_with_matching_model_flags(tmp_path):
+    """The same command line parses (the matching model flags are no-ops) and resolves as Megatron-LM would."""
+    args = parse_args(llama(tmp_path))
+    assert (args.lr_warmup_iters, args.lr_decay_iters, args.train_iters) == (1.0, 2.0, 2)
+    assert (args.num_workers, args.mmap_bin_files, args.overlap_param_gather, args.sequence_parallel) == (1, False, True,
+                                                                                                          False)
+    assert args.init_method_std == 0.0134 and args.untie_embeddings_and_output_weights
+
+
+def test_without_arch_recipe_or_config_the_trainer_asks_for_arch(tmp_path, capsys):
+    argv = [a for a in llama(tmp_path) if a not in ("--arch", "transformer")]
+    err = _refused(argv, capsys)
+    assert len(_problems(err)) == 1 and "which model? give --arch (one of transformer, resformer, satformer" in err
+
+
+def test_rampup_and_sample_schedule_follow_megatron_lm(tmp_path, capsys):
+    base = llama(tmp_path)
+    args = parse_args([*base, "--rampup-batch-size", "1", "1", "6", "--train-samples", "20"])
+    # START 1, INCR 1, three increments over 6 samples: 2 samples per increment, the full 4 after 6 samples
+    assert [megatron_lm_flags.global_batch_at(args, c) for c in (0, 1, 2, 4, 6, 7, 100)] == [1, 1, 2, 3, 4, 4, 4]
+    # ramp steps of 1, 1, 2, 3 (7 samples, past the ramp), then (20 - 7) // 4 = 3 full steps (Megatron-LM's count)
+    assert args.train_iters == 7
+    at = base.index("--train-samples")
+    err = _refused([*base[:at], *base[at + 2:], "--train-iters", "2",
+                    "--rampup-batch-size", "2", "2", "2"], capsys)
+    assert "--rampup-batch-size needs --train-samples" in err
+    err = _refused([*base, "--rampup-batch-size", "3", "2", "2"], capsys)
+    assert "--rampup-batch-size 3 2 2: need 1 <= START" in err
+    err = _refused([*base, "--recompute-activations", "--recompute-granularity", "full"], capsys)
+    assert "--recompute-activations means --recompute-granularity selective" in err
+    assert parse_args([*base, "--recompute-activations"]).recompute_granularity == "selective"
+    assert parse_args([*base, "--virtual-pipeline-model-parallel-size", "2"]).num_virtual_stages_per_pipeline_rank == 2
+
+
+@pytest.mark.parametrize("device, tflops", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                            ("NVIDIA A10", 125.0), ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0),
+                                            ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0), ("NVIDIA H20", 148.0),
+                                            ("AMD Instinct MI300X", 1307.4), ("Tesla T4", None)])
+def test_mfu_knows_the_datasheet_peaks(device, tflops):
+    """MFU's table: the most specific name wins (A100 is not an A10); an unknown GPU has none (--peak-tflops)."""
+    assert peak_tflops_of(device) == tflops
+
+
+def test_memory_history_on_cpu_says_it_records_nothing(tmp_path):
+    """--record-memory-history is a CUDA allocator feature: on CPU one line says so and nothing is written (the
+    snapshot on OOM is tests/test_gpu.py's, run by tools/gpu_check.sh)."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine records the history (tests/test_gpu.py checks the snapshot)")
+    args = argparse.Namespace(save=str(tmp_path), profile=True, profile_ranks=[0], use_pytorch_profiler=False,
+                              profile_step_start=1, profile_step_end=1, record_memory_history=True,
+                              memory_snapshot_path=None)
+    lines = []
+    profiler = StepProfiler(args, rank=0, log=lines.append)
+    profiler.before_step(1)
+    profiler.after_step(1)
+    profiler.close()
+    assert any("no GPU here, nothing recorded" in line for line in lines)
+    assert any("nothing is recorded on CPU: add --use-pytorch-profiler" in line for line in lines)
+    assert not (tmp_path / "profile").exists()
+    # the pipeline bubble estimate of the timers: (PP - 1) / (m x v + PP - 1)
+    assert (bubble_fraction(1, 8), bubble_fraction(4, 8), bubble_fraction(4, 8, 2)) == (0.0, 3 / 11, 3 / 19)
+
+
+def test_a_sample_based_run_reproduces_from_its_config(tmp_path, capsys):
+    """--print-config writes the sample counts, not the steps derived from them, so the file parses back the same."""
+    from megatron_sat.training.arguments import build_parser
+    from megatron_sat.training.config_file import config_dict
+
+    args = parse_args(llama(tmp_path))
+    saved = config_dict(args, build_parser())
+    assert (saved["lr_warmup_iters"], saved["lr_decay_iters"], saved["lr_warmup_samples"]) == (None, None, 4)
+    (tmp_path / "run.json").write_text(json.dumps(dict(saved, load=None)))  # the script resumes its own folder
+    again = parse_args(["--config", str(tmp_path / "run.json"), "--save", str(tmp_path / "again")])
+    assert (again.lr_warmup_iters, again.lr_decay_iters, again.train_iters) == (1.0, 2.0, 2)
