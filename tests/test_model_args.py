@@ -61,7 +61,8 @@ def test_model_args_are_what_the_model_config_takes_and_records():
 
 def test_flags_are_the_flagged_fields_with_their_defaults():
     """One trainer flag per flagged field, under the field's name, with the field's default; the fixed fields have
-    none (yet); REQUIRED_SHAPE derives from the fields marked required."""
+    none of their own (Megatron-LM's spelling may check them: training/megatron_lm_flags.py); REQUIRED_SHAPE
+    derives from the fields marked required."""
     from megatron_sat.training import arguments
 
     parser = build_parser()
@@ -71,8 +72,9 @@ def test_flags_are_the_flagged_fields_with_their_defaults():
             action = actions[f.name]
             assert f.metadata["flag"] in action.option_strings and action.default == f.default, f.name
             assert action.names_run is f.metadata["names_run"]
-        else:
-            assert f.name not in actions, f"{f.name} is fixed but has a flag"
+        elif f.name in actions:  # a fixed field: only Megatron-LM's spelling, which checks it and sets nothing
+            assert actions[f.name].option_strings == [f.metadata["megatron"]], f"{f.name} is fixed but has a flag"
+            assert f.name not in model_args.FLAGGED  # model_args(args) never reads it: the model keeps the default
     assert arguments.REQUIRED_SHAPE == ("num_layers", "hidden_size", "num_attention_heads")
     assert model_args.SHAPE == arguments.REQUIRED_SHAPE + ("num_query_groups", "ffn_hidden_size")
     args = parser.parse_args(["--hc-static", "--value-residual-last-k", "2", "--qk-norm-eps", "1e-6"])

@@ -334,6 +334,10 @@ def test_every_flag_is_tagged_and_its_tag_holds(tmp_path):
                    "train_samples": ["--train-samples", "80"]}  # the trainer refuses less than one global batch
         other = special.get(action.dest) or _other_value(action, getattr(base_args, action.dest))
         before = base
+        if action.dest == "rampup_batch_size":  # a ramp-up needs --train-samples (Megatron-LM's rule): compare with it
+            gbs = base_args.global_batch_size
+            other = ["--train-samples", "80", "--rampup-batch-size", "1", str(max(gbs - 1, 1)), "16"]
+            before = resolve(recipe, other[:2])[1]
         if action.dest in ("data_path", "train_data_path"):  # a dataset replaces the recipe's mock data (a new run,
             before = resolve(recipe, [other[0], "a/x"])[1]     # mock_data names it): compare two datasets
         changed = resolve(recipe, other)[1] != before

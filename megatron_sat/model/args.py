@@ -124,7 +124,8 @@ class ModelArgs:
     qk_layernorm: bool = model_field(True, megatron="--qk-layernorm")
     gated_linear_unit: bool = model_field(True, megatron="--swiglu")
     add_bias_linear: bool = model_field(False, megatron="--disable-bias-linear")
-    init_method_std: float = model_field(0.02, resume=False, megatron="--init-method-std")
+    init_method_std: float = model_field(0.02, flag="--init-method-std", resume=False, megatron="--init-method-std",
+                                         help="std of the normal weight init (Megatron-LM's --init-method-std)")
     value_residual_gate_init_std: float = model_field(0.02, resume=False)  # std of W_alpha's normal init
 
     def __post_init__(self):

@@ -7,7 +7,7 @@ Three kinds (docs/ecosystem.md, "Megatron-LM flags", lists each):
   (`arch_description_errors`);
 - flags that work as in Megatron-LM: the sample-based schedule and batch-size ramp-up (`resolve`,
   `global_batch_at`), --recompute-activations, --num-workers, --no-mmap-bin-files, --overlap-param-gather,
-  --manual-gc, --init-method-std, --untie-embeddings-and-output-weights, --wandb-save-dir;
+  --manual-gc, --untie-embeddings-and-output-weights, --wandb-save-dir (--init-method-std is a ModelArgs field);
 - flags accepted for what they do on a GPU only (fusions, empty_cache, kernel choice): documented, no effect on CPU.
 
 Registered from arguments.build_parser with `add_arguments(parser, group)`; `resolve` runs with the layered
@@ -18,12 +18,12 @@ import argparse
 from typing import List, Optional
 
 from megatron_sat.archs import ARCHS
+from megatron_sat.model import args as model_args
 
-# the values the archs here have (megatron_sat/model/config.py make_config): Megatron-LM's flag -> value
-NORMALIZATION = "RMSNorm"
+# the values the archs here have: the fixed fields of the one model description (model/args.py), and RoPE
+NORMALIZATION = model_args.defaults()["normalization"]
+ARCH_NORM_EPS = model_args.defaults()["layernorm_epsilon"]
 POSITION_EMBEDDING = "rope"
-ARCH_INIT_STD = 0.02
-ARCH_NORM_EPS = 1e-6
 
 
 def add_arguments(parser: argparse.ArgumentParser, group) -> None:
@@ -57,8 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser, group) -> None:
     g("--no-create-attention-mask-in-dataloader", action="store_true",
       help="no-op: the loader never builds a mask (causal attention in the kernel)")
     g("--tiktoken-pattern", default=None, help="accepted: Megatron-LM's TikTokenizer only; no effect here")
-    g("--init-method-std", type=float, default=None, names_run=True,
-      help=f"std of the normal weight init (default: the arch's {ARCH_INIT_STD:g})")
     g("--untie-embeddings-and-output-weights", action="store_true", names_run=True,
       help="a separate output layer (default: tied to the input embedding)")
     g = group(parser, "Megatron-LM training, data and logging flags", names_run=False)
@@ -215,7 +213,7 @@ def errors(args: argparse.Namespace) -> List[str]:
     if args.apply_layernorm_1p and args.weight_decay_params == "all":
         out.append("--apply-layernorm-1p with --weight-decay-params all would decay norm weights towards 1, which "
                    "the norms here do not: use --weight-decay-params matrices (norms undecayed), where it is a no-op")
-    if args.init_method_std is not None and args.init_method_std <= 0:
+    if args.init_method_std <= 0:  # a ModelArgs field (model/args.py)
         out.append(f"--init-method-std must be > 0 (got {args.init_method_std})")
     if args.num_workers < 0 or args.manual_gc_interval < 0:
         out.append("--num-workers and --manual-gc-interval must be >= 0")
@@ -243,8 +241,6 @@ def errors(args: argparse.Namespace) -> List[str]:
 def config_fields(args: argparse.Namespace, gpu: bool) -> dict:
     """TransformerConfig fields these flags set (training/setup.py's model_config adds them)."""
     fields = {}
-    if getattr(args, "init_method_std", None) is not None:
-        fields["init_method_std"] = args.init_method_std
     if gpu and getattr(args, "cross_entropy_loss_fusion", False):
         fields["cross_entropy_loss_fusion"] = True
     return fields
