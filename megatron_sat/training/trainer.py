@@ -177,8 +177,9 @@ def configure(args, log) -> Setup:
 def check_inputs(args, setup: Setup, log):
     """(resume point, pretrained point, tokenizer, data): what --load and --pretrained-checkpoint hold, checked
     against the model asked for, and the data against the tokenizer (UsageError)."""
-    def find(root, step=None):
-        return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log)
+    def find(root, step=None, reader=None):
+        return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log,
+                                      reader=reader)
 
     def check(point, flag):
         differs = model_differences(point.model_fields(), setup.model_fields) if point else []
@@ -197,7 +198,7 @@ def check_inputs(args, setup: Setup, log):
         resume = check(find(args.load, args.ckpt_step), "--load") if args.load else None
         pretrained = None
         if resume is None and args.pretrained_checkpoint:
-            pretrained = find(args.pretrained_checkpoint)
+            pretrained = find(args.pretrained_checkpoint, reader="--pretrained-checkpoint load")
             if pretrained is None:
                 raise UsageError(f"--pretrained-checkpoint {args.pretrained_checkpoint} holds no complete checkpoint")
             check(pretrained, "--pretrained-checkpoint")
