@@ -138,14 +138,35 @@ def test_purged_steps_and_a_new_start(run, tmp_path):
     assert ids[0] != ids[1]
 
 
+def _file(path, below=None):
+    path.write_text("x")
+    return path / below if below else path
+
+
+def _immutable(folder):
+    """Tests run as root, where chmod stops no write: chattr +i stops root too (skipped where it is refused)."""
+    folder.mkdir()
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a folder immutable here (chattr +i: {made.stderr.strip()})")
+    return folder / "tb"
+
+
 @pytest.mark.parametrize("make, message", [
-    (lambda p: p.write_text("x"), "is a file: give a folder"),
-])
+    (lambda t: _file(t / "tb"), "is a file: give a folder"),
+    (lambda t: _file(t / "f", "tb"), "f is a file): pass a --tensorboard-dir this job can write"),
+    (lambda t: _immutable(t / "frozen"), "frozen cannot be written: a read-only file system"),
+], ids=["a file", "below a file", "immutable parent"])
 def test_bad_tensorboard_dir_exits_2(tmp_path, make, message):
-    bad = tmp_path / "tb"
-    make(bad)
-    proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", *FLAGS, "--save", tmp_path / "r",
-                           "--tensorboard-dir", bad], cwd=ROOT, env=train_cli.env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    """A file, a folder below a file, a folder in an immutable one: one line, exit 2, before anything is written
+    (the last two were a traceback after config.json and metrics.jsonl were written)."""
+    bad = make(tmp_path)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", *FLAGS, "--save", tmp_path / "r",
+                               "--tensorboard-dir", bad], cwd=ROOT, env=train_cli.env(), capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        if (tmp_path / "frozen").exists():
+            subprocess.run(["chattr", "-i", str(tmp_path / "frozen")], check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r").exists()
