@@ -170,3 +170,37 @@ def test_bad_tensorboard_dir_exits_2(tmp_path, make, message):
             subprocess.run(["chattr", "-i", str(tmp_path / "frozen")], check=False)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_torn_config_keeps_the_wandb_run(run, tmp_path, capsys):
+    """config.json cut short (set aside on resume): the wandb id is recovered from RUN/wandb, else from the
+    set-aside text, and the warning says so; with neither, the warning says that a new wandb run starts."""
+    want = run["config"]["wandb"]["id"]
+    args = parse_args([*FLAGS, "--wandb-mode", "disabled", "--save", str(tmp_path / "x")])
+
+    def resume(folder):
+        args.save = str(folder)
+        Monitor(args, dict(vars(args), num_parameters=1000, vocab_size=256), 16, resumed=True, is_logger=True).close()
+        return json.loads((folder / "config.json").read_text())["wandb"]["id"], capsys.readouterr().out
+
+    def tear(folder, keep):
+        text = (folder / "config.json").read_text()
+        (folder / "config.json").write_text(text[:keep(text)])
+
+    with_wandb = tmp_path / "with_wandb"
+    shutil.copytree(run["folder"], with_wandb)
+    tear(with_wandb, lambda text: len(text) // 3)  # the id is cut off
+    got, out = resume(with_wandb)
+    assert got == want and f"kept {want} (found in {with_wandb / 'wandb'}" in out, out
+
+    text_only = tmp_path / "text_only"
+    shutil.copytree(run["folder"], text_only, ignore=shutil.ignore_patterns("wandb"))
+    tear(text_only, lambda text: len(text) - 3)  # the id is in the torn text
+    got, out = resume(text_only)
+    assert got == want and "config.json.torn-" in out.split(f"kept {want} (found in ")[1], out
+
+    neither = tmp_path / "neither"
+    shutil.copytree(run["folder"], neither, ignore=shutil.ignore_patterns("wandb"))
+    tear(neither, lambda text: 10)
+    got, out = resume(neither)
+    assert got != want and f"this start logs to a new wandb run {got}" in out, out
