@@ -15,6 +15,8 @@ resume, data edge cases, and a hung rank. Real trainer processes, torchrun and m
       USR1 to plain torchrun's group (it dies of the signal; its ranks save and exit on their parent-death signal)
   hang: one rank of a DP2 job SIGSTOPped -> the watchdog names it within --hang-timeout-minutes, exit 75, nothing
       left running; the rerun resumes and repeats the first attempt's losses exactly
+  suspension: the whole DP2 job SIGSTOPped for 2x the hang timeout, then SIGCONT -> one line with its length, no exit,
+      the losses of an unsuspended run exactly; a rank left stopped after a second suspension -> named, exit 75
 (Slurm's srun launch, USR1 then requeue: tests/test_slurm.py::test_preempted_job_requeues_and_resumes.)
 """
 
@@ -152,6 +154,14 @@ def test_lr_changed_on_resume(runs, tmp_path):
         assert got[step]["lr"] == pytest.approx(_cosine(step, 1e-2, 1e-3, 16), rel=1e-12), step
     assert got[9]["loss"] == ref[9]["loss"]  # the weights resumed exactly (step 9's loss precedes its update)
     assert got[10]["loss"] != ref[10]["loss"]  # and step 9's update used the new LR
+    # the checkpoint's schedule kept: config.json records the LR the run follows, not the command's
+    log = train(*BASE, "--save", tmp_path / "c", "--load", r, "--ckpt-step", "8", *changed,
+                "--use-checkpoint-opt_param-scheduler")
+    got, _ = metrics(tmp_path / "c")
+    assert all(got[s]["lr"] == ref[s]["lr"] for s in got), log[-3000:]
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert (config["lr"], config["min_lr"], config["lr_schedule_from"]) == (RECIPE_LR, RECIPE_MIN_LR, "checkpoint")
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["lr"] == 1e-2
     # the Adam moments and step counts, bit for bit (one process, plain and distributed optimizer)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "workers", "schedule_resume.py"),
                            str(tmp_path / "w")], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
@@ -164,6 +174,7 @@ def test_lr_changed_on_resume(runs, tmp_path):
     assert "the checkpoint's decay over 16 iterations is kept" in log and "--override-opt_param-scheduler" in log
     got, _ = metrics(d)
     assert [got[s]["lr"] for s in (17, 18)] == pytest.approx([RECIPE_MIN_LR] * 2, rel=1e-12)
+    assert json.loads((d / "config.json").read_text())["lr_decay_iters"] == 16
 
 
 def test_an_import_resumes_under_a_recipe_with_other_lr_values(runs, tmp_path):

@@ -219,6 +219,14 @@ def choose_schedule(args, resume, log) -> str:
         raise UsageError(str(err)) from None
 
 
+def followed_schedule(scheduler) -> dict:
+    """The LR schedule a resume that keeps the checkpoint's follows, under the flags' names (config.json records
+    it in place of the command's --lr, --min-lr, ...; lr_schedule_from says whose it is)."""
+    return dict(lr=scheduler.max_lr, min_lr=scheduler.min_lr, lr_warmup_iters=scheduler.lr_warmup_steps,
+                lr_decay_iters=scheduler.lr_decay_steps, lr_decay_style=scheduler.lr_decay_style,
+                weight_decay=scheduler.start_wd, lr_schedule_from="checkpoint")
+
+
 class Loop:
     """The built run: model, optimizer, scheduler, data, saver, monitor; run() trains it."""
 
@@ -254,6 +262,8 @@ class Loop:
                           flops_per_token=self.flops_tok, device=str(compat.device()), data=data,
                           tokenizer=str(getattr(tokenizer, "name", tokenizer)), model=setup.model_fields,
                           arguments=run_arguments(args))
+        if resume is not None and schedule_mode == schedule.CHECKPOINT:
+            run_config.update(followed_schedule(self.scheduler))
         self.monitor = Monitor(args, run_config, self.iteration, resumed=resume is not None, is_logger=rank == 0)
         log(f"megatron-sat: {args.arch}, {num_params:,} parameters, {layout.describe(setup.world)}, "
             f"{setup.num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "
