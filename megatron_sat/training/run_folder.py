@@ -197,6 +197,7 @@ def retain(root: str, iteration: int) -> Tuple[bool, List[str]]:
         if deciding:
             try:
                 os.remove(deciding)
+                os.rmdir(folder)  # no reader left: no empty folder in the run (fails while a mark is there)
             except OSError:
                 pass
 
