@@ -251,13 +251,18 @@ def hold(root: str, iteration: int, tool: str) -> Hold:
     path = os.path.join(root, READERS, name)
     record = dict(host=socket.gethostname(), pid=os.getpid(), process_start=run_lock._process_start(os.getpid()),
                   tool=tool, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        return Hold(None)
+    for attempt in range(3):
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(path + ".tmp", path)
+            break
+        except FileNotFoundError:  # retention removed the empty folder between the two: make it again
+            if attempt == 2:
+                return Hold(None)
+        except OSError:
+            return Hold(None)
     mark = Hold(path)
     deciding, deadline = _deciding(root, iteration), time.time() + DECIDING_WAIT_S
     while os.path.exists(deciding) and time.time() < deadline:
