@@ -142,10 +142,10 @@ class Watchdog:
 
         The thread sleeps one interval between looks; a look much later than that means the process (the whole job,
         when every rank sees it) was stopped or the machine paused. A short scheduling delay under load is not
-        counted (below the larger of 2 s and one interval), so a stopped peer is still named within the timeout
-        plus one heartbeat."""
+        counted (below the larger of 5 s and two intervals: a thread starved that long on a loaded machine), so a
+        stopped peer is still named within the timeout plus one heartbeat."""
         excess = now - before - self.interval_s
-        return excess if excess > max(2.0, self.interval_s) else 0.0
+        return excess if excess > max(5.0, 2 * self.interval_s) else 0.0
 
     def _run(self) -> None:
         before = time.time()
