@@ -506,3 +506,26 @@ def test_benchmark_tool_without_megatron_lm(workdir, tokenizer, tmp_path, capsys
     row = next(line for line in out.splitlines() if line.startswith("megatron-sat"))
     assert float(row.split()[3].replace(",", "")) > 0  # docs/s
     assert os.path.getsize(tmp_path / "ours.bin") > 0
+
+
+def test_merge_refuses_a_dataset_without_its_meta(workdir, corpus_prefix, tmp_path):
+    """A dataset without .meta.json (its tokenizer unknown): one line, exit 2; --allow-missing-meta merges it and
+    the merged .meta.json claims no tokenizer (it claimed the first dataset's for all of it)."""
+    bare = str(tmp_path / "bare")
+    for ext in (".bin", ".idx"):
+        with open(corpus_prefix + ext, "rb") as src, open(bare + ext, "wb") as dst:
+            dst.write(src.read())
+    tool = [sys.executable, os.path.join(REPO, "tools", "merge_datasets.py"), "--input", corpus_prefix, bare,
+            "--output-prefix", str(tmp_path / "merged")]
+    bad = subprocess.run(tool, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
+    assert f"{bare}.meta.json is missing" in bad.stderr and "--allow-missing-meta" in bad.stderr
+    assert not os.path.exists(tmp_path / "merged.bin")
+    ok = subprocess.run(tool + ["--allow-missing-meta"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    with open(tmp_path / "merged.meta.json") as f:
+        meta = json.load(f)
+    with open(corpus_prefix + ".meta.json") as f:
+        first = json.load(f)
+    assert first["tokenizer"] and meta["tokenizer"] is None and meta["tokenizer_fingerprint"] is None
+    assert meta["without_meta"] == [bare] and meta["num_docs"] == 2 * first["num_docs"]

@@ -260,3 +260,21 @@ def test_the_tools():
     assert rc == 0, out + err
     checked = [line for line in out.splitlines() if line.startswith("dry-run ")]
     assert len(checked) == 1 and ": OK (1 rank role(s)" in checked[0], out  # two seeds, one layout
+
+
+def test_a_layout_that_does_not_fit_is_invalid_in_both_tools():
+    """A layout whose memory does not fit the GPU: the dry run says INVALID and exits 1, as plan-layout does (it said
+    "status OK", exit 0, with the problem only as a note)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    flags = ["--recipe", "debug_satformer", "--nodes", "1", "--gpus-per-node", "1", "--gpu", "H100",
+             "--micro-batch-size", "262144", "--global-batch-size", "262144"]  # ~100 GiB of activations per 80 GiB
+    runs = {t: subprocess.run([sys.executable, f"tools/{t}.py", *flags], cwd=root, capture_output=True, text=True,
+                              timeout=600) for t in ("plan_layout", "dry_run")}
+    plan, dry = runs["plan_layout"], runs["dry_run"]
+    assert plan.returncode == 1 and "INVALID" in plan.stdout, plan.stdout + plan.stderr
+    assert dry.returncode == 1 and "status INVALID: the plan on H100 is INVALID:" in dry.stdout, dry.stdout + dry.stderr
+    assert dry.stderr.strip().splitlines()[-1].startswith("dry-run: INVALID: "), dry.stderr
+    assert "status OK" not in dry.stdout

@@ -15,6 +15,8 @@ resume, data edge cases, and a hung rank. Real trainer processes, torchrun and m
       USR1 to plain torchrun's group (it dies of the signal; its ranks save and exit on their parent-death signal)
   hang: one rank of a DP2 job SIGSTOPped -> the watchdog names it within --hang-timeout-minutes, exit 75, nothing
       left running; the rerun resumes and repeats the first attempt's losses exactly
+  suspension: the whole DP2 job SIGSTOPped for 2x the hang timeout, then SIGCONT -> one line with its length, no exit,
+      the losses of an unsuspended run exactly; a rank left stopped after a second suspension -> named, exit 75
 (Slurm's srun launch, USR1 then requeue: tests/test_slurm.py::test_preempted_job_requeues_and_resumes.)
 """
 
@@ -152,6 +154,15 @@ def test_lr_changed_on_resume(runs, tmp_path):
         assert got[step]["lr"] == pytest.approx(_cosine(step, 1e-2, 1e-3, 16), rel=1e-12), step
     assert got[9]["loss"] == ref[9]["loss"]  # the weights resumed exactly (step 9's loss precedes its update)
     assert got[10]["loss"] != ref[10]["loss"]  # and step 9's update used the new LR
+    # the checkpoint's schedule kept: config.json records the LR the run follows, not the command's
+    log = train(*BASE, "--save", tmp_path / "c", "--load", r, "--ckpt-step", "8", *changed,
+                "--use-checkpoint-opt_param-scheduler")
+    got, _ = metrics(tmp_path / "c")
+    assert all(got[s]["lr"] == ref[s]["lr"] for s in got), log[-3000:]
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert config["lr_schedule_from"] == "checkpoint", config
+    assert [config["lr"], config["min_lr"]] == pytest.approx([RECIPE_LR, RECIPE_MIN_LR], rel=1e-12)  # 0.1 x 3e-3
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["lr"] == 1e-2
     # the Adam moments and step counts, bit for bit (one process, plain and distributed optimizer)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "workers", "schedule_resume.py"),
                            str(tmp_path / "w")], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
@@ -164,6 +175,7 @@ def test_lr_changed_on_resume(runs, tmp_path):
     assert "the checkpoint's decay over 16 iterations is kept" in log and "--override-opt_param-scheduler" in log
     got, _ = metrics(d)
     assert [got[s]["lr"] for s in (17, 18)] == pytest.approx([RECIPE_MIN_LR] * 2, rel=1e-12)
+    assert json.loads((d / "config.json").read_text())["lr_decay_iters"] == 16
 
 
 def test_use_checkpoint_schedule_ignores_the_commands_lr_values(runs, tmp_path):
@@ -416,3 +428,66 @@ def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
     repeated = [s for s in first if s > stop]
     assert repeated and all(again[s] == first[s] for s in repeated), [(s, first[s], again[s]) for s in repeated]
     assert not (run / ".watchdog").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# a suspended job (every process stopped and continued) is not a hung one
+# ---------------------------------------------------------------------------------------------
+
+def _signal_all(procs, sig):
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_a_suspended_job_carries_on_and_a_rank_left_stopped_is_still_named(tmp_path):
+    """The whole DP2 job (launcher and ranks) SIGSTOPped for 2x the hang timeout, then SIGCONT: no exit, one
+    line naming the suspension and its length, and losses exactly those of an unsuspended run. Then a second
+    suspension after which rank 1 stays stopped (a hang that starts in a suspension window): named and exit 75
+    within the timeout plus the margin of the stopped-rank test, counted from the others' SIGCONT."""
+    timeout_s = 60 * HANG_TIMEOUT_MIN
+    flags = ["--train-iters", "16", "--save-interval", "8", "--hang-timeout-minutes", HANG_TIMEOUT_MIN,
+             "--distributed-timeout-minutes", "5"]
+    reference = tmp_path / "reference"
+    train("--recipe", "debug_satformer", "--log-interval", "1", "--no-progress-bar", "--save", reference, *flags,
+          nproc=2)
+    want = {r["step"]: r["loss"] for r in rows(reference) if "loss" in r}
+
+    run = tmp_path / "run"
+    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags)
+    ranks = {}
+    try:
+        wait_for(lambda: _steps(run) >= 3, proc, "step 3")
+        ranks = _ranks(proc, 2)
+        job = [psutil.Process(proc.pid), *ranks.values()]
+        _signal_all(job, signal.SIGSTOP)
+        time.sleep(2 * timeout_s)  # the suspension: twice the hang timeout
+        _signal_all(job, signal.SIGCONT)
+        t_cont = time.time()
+        wait_for(lambda: "was suspended for" in _log(tmp_path / "a.log") and _steps(run) >= 6, proc,
+                 "the suspension's line and step 6")
+        assert proc.poll() is None
+
+        _signal_all(job, signal.SIGSTOP)
+        time.sleep(timeout_s / 2)
+        _signal_all([psutil.Process(proc.pid), ranks[0]], signal.SIGCONT)  # rank 1 stays stopped: a hang
+        t_cont = time.time()
+        rc = proc.wait(timeout=300)
+        took = time.time() - t_cont
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in ranks.values():
+            if psutil.pid_exists(p.pid):
+                p.kill()
+    log = _log(tmp_path / "a.log")
+    lines = [line for line in log.splitlines() if "was suspended for" in line]
+    assert lines, log[-4000:]
+    gone = float(lines[0].split("was suspended for ")[1].split(" s")[0])
+    assert 2 * timeout_s - 5 <= gone <= 2 * timeout_s + 30, lines[0]  # the length measured, load allowing
+    assert rc == 75 and "rank 1 stopped responding" in log, log[-4000:]
+    assert took < timeout_s + 20, f"the rank left stopped was named {took:.0f} s after the others continued"
+    got = {r["step"]: r["loss"] for r in rows(run) if "loss" in r}
+    assert max(got) >= 6 and all(got[s] == want[s] for s in got), [(s, got[s], want[s]) for s in sorted(got)]

@@ -140,16 +140,37 @@ def test_purged_steps_and_a_new_start(run, tmp_path):
     assert ids[0] != ids[1]
 
 
+def _file(path, below=None):
+    path.write_text("x")
+    return path / below if below else path
+
+
+def _immutable(folder):
+    """Tests run as root, where chmod stops no write: chattr +i stops root too (skipped where it is refused)."""
+    folder.mkdir()
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a folder immutable here (chattr +i: {made.stderr.strip()})")
+    return folder / "tb"
+
+
 @pytest.mark.parametrize("make, message", [
-    (lambda p: p.write_text("x"), "is a file: give a folder"),
-])
+    (lambda t: _file(t / "tb"), "is a file: give a folder"),
+    (lambda t: _file(t / "f", "tb"), "f is a file): pass a --tensorboard-dir this job can write"),
+    (lambda t: _immutable(t / "frozen"), "frozen cannot be written: a read-only file system"),
+], ids=["a file", "below a file", "immutable parent"])
 def test_bad_tensorboard_dir_exits_2(tmp_path, make, message):
-    bad = tmp_path / "tb"
-    make(bad)
-    proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", *FLAGS, "--save", tmp_path / "r",
-                           "--tensorboard-dir", bad], cwd=ROOT, env=train_cli.env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    """A file, a folder below a file, a folder in an immutable one: one line, exit 2, before anything is written
+    (the last two were a traceback after config.json and metrics.jsonl were written)."""
+    bad = make(tmp_path)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "megatron_sat.train", *FLAGS, "--save", tmp_path / "r",
+                               "--tensorboard-dir", bad], cwd=ROOT, env=train_cli.env(), capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        if (tmp_path / "frozen").exists():
+            subprocess.run(["chattr", "-i", str(tmp_path / "frozen")], check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r").exists()
 
 
@@ -199,3 +220,37 @@ def test_wandb_server_that_does_not_answer_means_offline_with_one_warning(tmp_pa
     for event, addr in seen:
         if event == "socket.connect" and addr.startswith("("):
             assert addr.startswith(("('127.0.0.1'", "('localhost'", "('::1'")), (event, addr)
+
+
+def test_a_torn_config_keeps_the_wandb_run(run, tmp_path, capsys):
+    """config.json cut short (set aside on resume): the wandb id is recovered from RUN/wandb, else from the
+    set-aside text, and the warning says so; with neither, the warning says that a new wandb run starts."""
+    want = run["config"]["wandb"]["id"]
+    args = parse_args([*FLAGS, "--wandb-mode", "disabled", "--save", str(tmp_path / "x")])
+
+    def resume(folder):
+        args.save = str(folder)
+        Monitor(args, dict(vars(args), num_parameters=1000, vocab_size=256), 16, resumed=True, is_logger=True).close()
+        return json.loads((folder / "config.json").read_text())["wandb"]["id"], capsys.readouterr().out
+
+    def tear(folder, keep):
+        text = (folder / "config.json").read_text()
+        (folder / "config.json").write_text(text[:keep(text)])
+
+    with_wandb = tmp_path / "with_wandb"
+    shutil.copytree(run["folder"], with_wandb)
+    tear(with_wandb, lambda text: len(text) // 3)  # the id is cut off
+    got, out = resume(with_wandb)
+    assert got == want and f"kept {want} (found in {with_wandb / 'wandb'}" in out, out
+
+    text_only = tmp_path / "text_only"
+    shutil.copytree(run["folder"], text_only, ignore=shutil.ignore_patterns("wandb"))
+    tear(text_only, lambda text: len(text) - 3)  # the id is in the torn text
+    got, out = resume(text_only)
+    assert got == want and "config.json.torn-" in out.split(f"kept {want} (found in ")[1], out
+
+    neither = tmp_path / "neither"
+    shutil.copytree(run["folder"], neither, ignore=shutil.ignore_patterns("wandb"))
+    tear(neither, lambda text: 10)
+    got, out = resume(neither)
+    assert got != want and f"this start logs to a new wandb run {got}" in out, out

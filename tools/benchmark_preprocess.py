@@ -146,7 +146,8 @@ def same_bytes(a: str, b: str) -> bool:
 
 
 def join_datatrove(out_dir: str, parts: int, prefix: str) -> str:
-    merge_datasets([os.path.join(out_dir, f"{k:05d}_tokens") for k in range(parts)], prefix)
+    # datatrove writes no .meta.json; its parts are of one tokenizer (this benchmark's)
+    merge_datasets([os.path.join(out_dir, f"{k:05d}_tokens") for k in range(parts)], prefix, allow_missing_meta=True)
     return prefix
 
 

@@ -16,7 +16,8 @@ through the real pipeline schedule and the optimizer; what was built is checked 
 (megatron_sat/profiling/dry_run.py; docs/dry_run.md). Prints a report per role.
 
 Exit status: 0 clean; 1 the real code failed at this layout, or what it built differs from the plan (one line
-"dry-run: FAILED: ..."); 2 bad input, including a layout the trainer refuses (its own message).
+"dry-run: FAILED: ..."), or the layout does not fit the GPU (plan-layout's INVALID: "dry-run: INVALID: ..."); 2 bad
+input, including a layout the trainer refuses (its own message).
 """
 
 import argparse
@@ -64,8 +65,8 @@ def main(argv=None) -> int:
     if report.usage_error:
         print(f"dry-run: error: {report.failure}", file=sys.stderr)
         return 2
-    if not report.ok:
-        print(f"dry-run: FAILED: {report.failure}", file=sys.stderr)
+    if not report.ok:  # a failed check, or a layout that does not fit the GPU (plan-layout's INVALID): exit 1
+        print(f"dry-run: {'INVALID' if report.invalid else 'FAILED'}: {report.failure}", file=sys.stderr)
         return 1
     return 0
 

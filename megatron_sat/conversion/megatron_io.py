@@ -11,7 +11,8 @@ A checkpoint saved at any TP/PP/VPP loads here: dist-checkpointing reshards to T
 
 import json
 import os
-from typing import Callable, Optional, Tuple
+import sys
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from megatron.core import dist_checkpointing
@@ -28,8 +29,11 @@ from megatron_sat.training.integrity import verify as check
 from megatron_sat.training.run_folder import (
     TRACKER,
     CheckpointError,
+    CheckpointGone,
+    Hold,
     checkpoint_dir,
     complete_iterations,
+    hold,
     is_unfinished,
     read_tracker,
 )
@@ -49,11 +53,22 @@ def init_single_process() -> None:
         raise ConversionError(str(e)) from None
 
 
+_HOLDS: List[Hold] = []  # this process's reader marks: held until it exits
+
+
+def _hold(run: str, iteration: int) -> None:
+    """Mark the checkpoint as read by this process (retention of the job writing `run` leaves it alone until this
+    process exits). CheckpointGone when it was deleted as it was chosen."""
+    _HOLDS.append(hold(run, iteration, os.path.basename(sys.argv[0]) or "a checkpoint reader"))
+
+
 def find_checkpoint(path: str, verify: bool = True, log: Optional[Callable[[str], None]] = None
                     ) -> Tuple[str, Optional[str]]:
     """(iteration folder, run folder or None) for a run folder or an iter_XXXXXXX folder, checked against its
     manifest as the trainer checks a resume (megatron_sat/training/integrity.py); verify=False skips that
-    (--no-verify-checkpoint). Every reader of checkpoints (export, evaluate --checkpoint) comes through here.
+    (--no-verify-checkpoint). Every reader of checkpoints (export, evaluate --checkpoint) comes through here,
+    and marks the checkpoint as read (run_folder.hold) so that a job's --save-retain-interval does not delete it
+    under this process; a run folder's checkpoint deleted as it was chosen is replaced by the next complete one.
 
     An unfinished checkpoint (iter_XXXXXXX.tmp: a save in progress or cut short; .del: being deleted) is never
     read nor offered. ConversionError (one line, what to do) for anything else that is not a complete one."""
@@ -71,12 +86,30 @@ def find_checkpoint(path: str, verify: bool = True, log: Optional[Callable[[str]
         parent = os.path.dirname(path)
         run = parent if os.path.isfile(os.path.join(parent, TRACKER)) or \
             os.path.isfile(os.path.join(parent, "config.json")) else None
+        name = os.path.basename(path)
+        if run and name.startswith("iter_") and name[5:].isdigit():
+            try:
+                _hold(run, int(name[5:]))
+            except CheckpointGone as e:
+                raise ConversionError(f"{e}; pass {run} for its newest complete checkpoint") from None
         _verify(path, verify, log)
         return path, run
-    try:
-        iteration = read_tracker(path)
-    except CheckpointError as e:  # a tracker that is not a number
-        raise ConversionError(str(e)) from None
+    for _attempt in range(5):
+        try:
+            iteration = read_tracker(path)
+        except CheckpointError as e:  # a tracker that is not a number
+            raise ConversionError(str(e)) from None
+        if iteration is None or not dist_checkpointing.check_is_distributed_checkpoint(checkpoint_dir(path, iteration)):
+            break
+        try:
+            _hold(path, iteration)
+            break
+        except CheckpointGone as e:
+            if log:
+                log(f"note: {e}; reading the newest complete checkpoint instead")
+    else:
+        raise ConversionError(f"{path}: every checkpoint its tracker named was deleted by retention as it was "
+                              "chosen; run again")
     if iteration is None:
         its = complete_iterations(path)
         hint = (f" (its complete checkpoints: {', '.join(os.path.basename(checkpoint_dir(path, i)) for i in its[-3:])}"

@@ -110,8 +110,10 @@ def shard_prefixes(shard_dir: str) -> List[str]:
     return prefixes
 
 
-def _metas(prefixes: Sequence[str]) -> List[dict]:
-    metas = []
+def _metas(prefixes: Sequence[str], allow_missing_meta: bool = False) -> List[dict]:
+    """Each dataset's .meta.json ({} for none). Without one its tokenizer is unknown: refused (one line) unless
+    allow_missing_meta (--allow-missing-meta), since a dataset of another tokenizer would merge unnoticed."""
+    metas, missing = [], []
     for p in prefixes:
         if not (os.path.isfile(p + ".bin") and os.path.isfile(p + ".idx")):
             raise PreprocessError(f"{_ERR} no indexed dataset (.bin + .idx) at {p}")
@@ -120,6 +122,12 @@ def _metas(prefixes: Sequence[str]) -> List[dict]:
                 metas.append(json.load(f))
         except (OSError, ValueError):
             metas.append({})
+            missing.append(p)
+    if missing and not allow_missing_meta:
+        raise PreprocessError(f"{_ERR} {missing[0]}.meta.json is missing or unreadable"
+                              f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: its tokenizer is "
+                              "unknown; merge only datasets made with one tokenizer, or pass --allow-missing-meta "
+                              "(the merged .meta.json then records no tokenizer)")
     keys = ("tokenizer_fingerprint", "vocab_size", "eod", "dtype")
     first = metas[0]
     for p, m in zip(prefixes, metas):
@@ -130,14 +138,18 @@ def _metas(prefixes: Sequence[str]) -> List[dict]:
     return metas
 
 
-def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> dict:
-    """Concatenate datasets into output_prefix (written aside, moved into place); returns its .meta.json."""
-    # imported here: preprocess_shards, the preprocessing side of this module, must not import torch/megatron-core
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, _IndexReader
+def merge_datasets(prefixes: Sequence[str], output_prefix: str, allow_missing_meta: bool = False) -> dict:
+    """Concatenate datasets into output_prefix (written aside, moved into place); returns its .meta.json.
 
+    A dataset without its .meta.json is refused unless allow_missing_meta; then the merged .meta.json records no
+    tokenizer (None) and lists the datasets without one under without_meta."""
     if not prefixes:
         raise PreprocessError(f"{_ERR} nothing to merge")
-    metas = _metas(prefixes)
+    metas = _metas(prefixes, allow_missing_meta)
+    # imported here (after the checks: bad input answers at once): preprocess_shards, the preprocessing side of this
+    # module, must not import torch/megatron-core
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, _IndexReader
+
     out = os.path.abspath(output_prefix)
     if any(os.path.abspath(p) == out for p in prefixes):
         raise PreprocessError(f"{_ERR} --output-prefix {output_prefix} is one of the inputs: choose another")
@@ -157,7 +169,11 @@ def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> dict:
             if os.path.exists(tmp + ext):
                 os.remove(tmp + ext)
         raise
-    m0 = metas[0]
+    m0 = metas[0] if all(metas) else {}  # a dataset of unknown tokenizer: claim none for the merge
+    for p, m in zip(prefixes, metas):
+        if not m:  # its counts from its index
+            index = _IndexReader(p + ".idx", multimodal=False)
+            m.update(num_docs=len(index.document_indices) - 1, num_tokens=int(index.sequence_lengths.sum()))
     ids = [m.get("max_token_id") for m in metas]
     meta = dict(output_prefix=out, merged_from=list(prefixes),
                 num_docs=sum(m.get("num_docs", 0) for m in metas), num_tokens=sum(m.get("num_tokens", 0) for m in metas),
@@ -166,6 +182,8 @@ def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> dict:
                 max_token_id=None if None in ids else max(ids),
                 **{k: m0.get(k) for k in ("tokenizer", "vocab_size", "dtype", "eod", "json_key", "append_eod",
                                            "add_bos", "tokenizer_fingerprint")})
+    if not m0:
+        meta["without_meta"] = [p for p, m in zip(prefixes, metas) if "tokenizer" not in m]
     with open(tmp + ".meta.json", "w") as f:
         json.dump(meta, f, indent=2)
     for ext in (".bin", ".idx", ".meta.json"):
@@ -173,10 +191,10 @@ def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> dict:
     return meta
 
 
-def write_blend(prefixes: Sequence[str], path: str) -> str:
+def write_blend(prefixes: Sequence[str], path: str, allow_missing_meta: bool = False) -> str:
     """A blend 'tokens1 prefix1 tokens2 prefix2 ...' (weights = token counts, so every document is drawn about
     equally often) in one line at `path`: `--data-path $(cat path)`."""
-    metas = _metas(prefixes)
+    metas = _metas(prefixes, allow_missing_meta)
     parts = []
     for p, m in zip(prefixes, metas):
         tokens: Optional[int] = m.get("num_tokens")

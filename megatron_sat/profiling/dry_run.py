@@ -106,6 +106,7 @@ class DryRunReport:
     notes: List[str] = field(default_factory=list)
     failure: Optional[str] = None
     usage_error: bool = False  # the failure is the trainer's refusal of the layout (its own message)
+    invalid: bool = False  # the code ran, but the plan does not fit the target GPU (plan-layout's INVALID)
     seconds: float = 0.0
 
     @property
@@ -118,7 +119,8 @@ class DryRunReport:
                  f"{100 * self.activation_tolerance:g}% on saved activations"]
         lines += [f"  note: {n}" for n in self.notes]
         lines += [r.format() for r in self.roles] if roles else []
-        lines.append(f"  status OK ({self.seconds:.1f} s)" if self.ok else f"  status FAILED: {self.failure}")
+        lines.append(f"  status OK ({self.seconds:.1f} s)" if self.ok else
+                     f"  status INVALID: {self.failure}" if self.invalid else f"  status FAILED: {self.failure}")
         return "\n".join(lines)
 
 
@@ -369,8 +371,6 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
             if not plan.stages:
                 report.failure = "the planner refuses this layout: " + "; ".join(plan.errors)
                 return report
-            if plan.errors:
-                report.notes.append("the plan on the target GPU is not OK: " + "; ".join(plan.errors))
             act_bytes = 2 if setup.bf16 else 4
             local = planner.stage_estimates(setup.config, setup.layout, dp=plan.dp, micro_batch_size=args.micro_batch_size,
                                     num_microbatches=setup.num_micro, seq_length=args.seq_length,
@@ -399,6 +399,8 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
                 report.failure = check_role(role, tolerance, activation_tolerance)
                 if report.failure:
                     return report
+            if plan.errors:  # every role ran as planned, and the plan does not fit: plan-layout's verdict, exit 1
+                report.failure, report.invalid = f"the plan on {gpu} is INVALID: " + "; ".join(plan.errors), True
         finally:
             destroy()
             if torch.distributed.is_initialized():

@@ -498,6 +498,13 @@ def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
                       "(in the train extra of megatron-sat)")
     if args.tensorboard_dir and os.path.exists(args.tensorboard_dir) and not os.path.isdir(args.tensorboard_dir):
         errors.append(f"--tensorboard-dir {args.tensorboard_dir} is a file: give a folder (new, or this run's)")
+    elif args.tensorboard_dir:
+        unwritable = unwritable_folder(args.tensorboard_dir)
+        if unwritable:
+            what = "is a file" if os.path.isfile(unwritable) else ("cannot be written: a read-only file system, an "
+                                                                    "immutable folder or no permission")
+            errors.append(f"--tensorboard-dir {args.tensorboard_dir} is not writable ({unwritable} {what}): pass a "
+                          "--tensorboard-dir this job can write")
     return errors
 
 

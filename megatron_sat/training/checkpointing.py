@@ -23,7 +23,7 @@ import random
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
@@ -181,6 +181,7 @@ class Saver:
         self.previous = run_folder.latest_iteration(root) if _rank0() and os.path.isdir(root) else None
         self.queue = None
         self.pending: Optional[int] = None
+        self.held: List[int] = []  # dropped by retention but held by a reader: deleted once free
         if async_save:
             self.queue = AsyncCallsQueue()
 
@@ -237,13 +238,25 @@ class Saver:
             os.replace(tmp, final)
             run_folder.write_tracker(self.root, iteration)
             self.log(f"saved checkpoint {final} ({time.time() - t0:.1f} s)")
-            dropped = run_folder.retain(self.root, self.previous, iteration, self.retain_interval)
-            if dropped is not None:
-                self.log(f"deleted checkpoint {checkpoint_dir(self.root, dropped)} (--save-retain-interval "
-                         f"{self.retain_interval})")
+            doomed = run_folder.retention_candidate(self.previous, iteration, self.retain_interval)
+            self._retain(self.held + ([doomed] if doomed is not None else []))
         self.previous = iteration
         self.pending = None
         torch.distributed.barrier()
+
+    def _retain(self, doomed: List[int]) -> None:
+        """Delete what retention dropped; a checkpoint a reader holds (an export, an evaluation) is kept until a
+        later save finds it free (self.held: within this job; a later job leaves it)."""
+        self.held = []
+        for iteration in doomed:
+            deleted, readers = run_folder.retain(self.root, iteration)
+            if deleted:
+                self.log(f"deleted checkpoint {checkpoint_dir(self.root, iteration)} (--save-retain-interval "
+                         f"{self.retain_interval})")
+            else:
+                self.held.append(iteration)
+                self.log(f"kept checkpoint {checkpoint_dir(self.root, iteration)} for now: read by "
+                         f"{', '.join(readers)} (--save-retain-interval deletes it at a later save)")
 
     def _abandon(self, tmp: str, err: BaseException) -> None:
         self.pending = None
@@ -292,6 +305,7 @@ class ResumePoint:
     iteration: int
     common: dict           # the checkpoint's common state: iteration, consumed samples, layout, args, model
     verified: bool         # its manifest was checked (False: no manifest, or --no-verify-checkpoint)
+    hold: Optional[run_folder.Hold] = None  # this process's reader mark (a --pretrained-checkpoint load)
 
     def model_fields(self) -> dict:
         """The model's resolved fields as saved (older checkpoints: the arguments that name them)."""
@@ -309,11 +323,39 @@ def _read_common(directory: str) -> dict:
 
 
 def find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: bool = True, fallback: bool = False,
-                      log: Callable[[str], None] = print) -> Optional[ResumePoint]:
+                      log: Callable[[str], None] = print, reader: Optional[str] = None) -> Optional[ResumePoint]:
     """Which checkpoint of root to resume, checked; None when root holds none (collective: every rank).
 
+    reader (a tool's name): mark the checkpoint as read by this process (run_folder.hold) so that the retention
+    of a job writing root leaves it alone until load_weights releases it; one deleted as it was chosen is
+    replaced by the next complete one, with one line.
     CheckpointError (one line, what to do) for a tracker that names nothing, a corrupt checkpoint
     without --ckpt-fallback, or nothing left to fall back to."""
+    if reader is None:
+        return _find_resume_point(root, ckpt_step, verify=verify, fallback=fallback, log=log)
+    for _ in range(5):
+        point = _find_resume_point(root, ckpt_step, verify=False, fallback=fallback, log=log)
+        if point is None:
+            return None
+        try:
+            mark = run_folder.hold(root, point.iteration, reader)
+        except run_folder.CheckpointGone as e:
+            if ckpt_step is not None:
+                raise
+            log(f"note: {e}; taking the newest complete checkpoint instead")
+            continue
+        try:
+            point = _find_resume_point(root, point.iteration, verify=verify, fallback=False, log=log)
+        except BaseException:
+            mark.release()
+            raise
+        point.hold = mark
+        return point
+    raise CheckpointError(f"{root}: every checkpoint chosen was deleted by retention as it was chosen; try again")
+
+
+def _find_resume_point(root: str, ckpt_step: Optional[int] = None, *, verify: bool = True, fallback: bool = False,
+                       log: Callable[[str], None] = print) -> Optional[ResumePoint]:
     try:
         iteration, warning = run_folder.resolve(root, ckpt_step)
     except CheckpointError:
@@ -403,4 +445,7 @@ def load_weights(point: ResumePoint, chunks) -> str:
         load_model(chunks, point.directory)
     except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load the weights of {point.directory}: {_reason(e)}") from None
+    finally:
+        if point.hold is not None:
+            point.hold.release()
     return point.directory

@@ -34,16 +34,18 @@ resumed start opens its writer with purge_step = the loaded iteration + 1, so Te
 attempts logged after that checkpoint and every step appears once.
 """
 
+import glob
 import json
 import math
 import os
 import random
+import re
 import resource
 import socket
 import string
 import sys
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 import psutil
 
@@ -162,6 +164,28 @@ def new_wandb_id() -> str:
     return "".join(random.SystemRandom().choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
+_WANDB_RUN_DIR = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-([a-z0-9]+)$")
+_WANDB_ID_IN_TEXT = re.compile(r'"wandb"\s*:\s*\{[^{}]*?"id"\s*:\s*"([a-z0-9]+)"')
+
+
+def recover_wandb_id(save: str) -> Optional[Tuple[str, str]]:
+    """(id, where it was found) of the wandb run of a run folder whose config.json was torn and set aside: the newest
+    run folder wandb wrote (RUN/wandb/[offline-]run-DATE_TIME-ID), else the set-aside text's "wandb" entry."""
+    found = sorted((m.group(1), m.group(2), d) for d in glob.glob(os.path.join(save, "wandb", "*run-*"))
+                   for m in [_WANDB_RUN_DIR.match(os.path.basename(d))] if m)
+    if found:
+        return found[-1][1], found[-1][2]
+    for aside in sorted(glob.glob(os.path.join(save, "config.json.torn-*")), reverse=True):
+        try:
+            with open(aside, encoding="utf-8", errors="replace") as f:
+                m = _WANDB_ID_IN_TEXT.search(f.read())
+        except OSError:
+            continue
+        if m:
+            return m.group(1), aside
+    return None
+
+
 def numeric_scalars(record: dict) -> dict:
     """The numbers of a metrics.jsonl line, flat, under the names wandb and TensorBoard show (module docstring)."""
     flat = {k: v for k, v in record.items()
@@ -247,6 +271,15 @@ class Monitor:
         extra["wandb"] = dict(old) if isinstance(old, dict) and old.get("id") else dict(
             id=new_wandb_id(), name=args.wandb_exp_name or os.path.basename(os.path.abspath(args.save)),
             group=extra["sweep"] or os.environ.get("WANDB_RUN_GROUP") or None)
+        if resumed and not before:  # config.json torn (set aside above) or gone: find the run's wandb id elsewhere
+            found = recover_wandb_id(args.save)
+            if found:
+                extra["wandb"]["id"] = found[0]
+                _say(f"warning: config.json held this run's wandb id: kept {found[0]} (found in {found[1]}), so "
+                     "wandb goes on in the same run")
+            elif args.wandb_project:
+                _say(f"warning: config.json held this run's wandb id and none was found in {args.save}/wandb or a "
+                     f"set-aside config.json: this start logs to a new wandb run {extra['wandb']['id']}")
         return dict(run_config, **extra)
 
     def wall_time(self) -> float:

@@ -4,17 +4,34 @@
     RUN/iter_0000200.tmp/                   a save in progress, or one killed mid-way (cleaned at start)
     RUN/iter_0000050.del/                   a checkpoint being deleted by retention (cleaned at start)
     RUN/latest_checkpointed_iteration.txt   the newest complete checkpoint, written last and atomically
+    RUN/.readers/iter_0000100.HOST.PID.json a process reading that checkpoint (an export, an evaluation, a
+                                            --pretrained-checkpoint load): retention leaves it alone
+    RUN/.readers/iter_0000100.deleting      retention is deciding about that checkpoint (readers wait for it)
+
+Reader marks (hold / readers below) are written by hand: retention must not delete a checkpoint under a process
+that reads it, and neither megatron-core nor torch's checkpointing knows of readers. A mark is {host, pid,
+process_start, tool, started}; its mtime is a heartbeat (touched every run_lock.HEARTBEAT_S). A mark is stale,
+and removed by retention, when its process is gone (same host: the pid is not running or is another process) or,
+on another host, when its heartbeat is older than run_lock.STALE_S. The order of the two sides makes it safe:
+retention writes .deleting, then looks for marks, deletes or keeps, removes .deleting; a reader writes its mark,
+waits while .deleting is there, then checks that the checkpoint is still complete (else it takes the next one).
 
 Nothing here talks to other ranks; the trainer calls the writing functions on global rank 0 only.
 Every problem a user can fix raises CheckpointError with one line that says what to do.
 """
 
+import atexit
+import json
 import os
 import re
 import shutil
+import socket
+import threading
+import time
 from typing import Dict, List, Optional, Tuple
 
 from megatron_sat.model import args as model_args  # no torch
+from megatron_sat.training import run_lock
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _ITER = re.compile(r"^iter_(\d{7,})$")
@@ -147,15 +164,144 @@ def delete_checkpoint(root: str, iteration: int) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def retain(root: str, previous: Optional[int], new: int, interval: Optional[int]) -> Optional[int]:
+def retention_candidate(previous: Optional[int], new: int, interval: Optional[int]) -> Optional[int]:
     """--save-retain-interval (Megatron-LM's meaning): once the tracker names `new`, the previous checkpoint
-    is deleted unless its iteration is a multiple of `interval`. Returns the deleted iteration, if any."""
+    is to be deleted unless its iteration is a multiple of `interval`. Returns that iteration, if any."""
     if not interval or previous is None or previous == new or previous % interval == 0:
         return None
-    if not os.path.isdir(checkpoint_dir(root, previous)):
-        return None
-    delete_checkpoint(root, previous)
     return previous
+
+
+def retain(root: str, iteration: int) -> Tuple[bool, List[str]]:
+    """Delete checkpoint `iteration` unless a live reader holds it: (deleted, descriptions of its readers).
+    A checkpoint already gone counts as deleted."""
+    if not os.path.isdir(checkpoint_dir(root, iteration)):
+        return True, []
+    folder = os.path.join(root, READERS)
+    deciding = _deciding(root, iteration)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(deciding, "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        deciding = None  # a folder without room for the note: readers' marks are still read below
+    try:
+        held = readers(root, iteration)
+        if held:
+            return False, held
+        delete_checkpoint(root, iteration)
+        return True, []
+    finally:
+        if deciding:
+            try:
+                os.remove(deciding)
+                os.rmdir(folder)  # no reader left: no empty folder in the run (fails while a mark is there)
+            except OSError:
+                pass
+
+
+# --- readers' marks (see the module docstring) ---------------------------------------------------------------
+READERS = ".readers"
+DECIDING_WAIT_S = 60.0  # a reader waits this long for retention's decision (a .deleting older is left behind)
+
+
+class CheckpointGone(CheckpointError):
+    """The checkpoint a reader chose was deleted (by retention) before its mark was written."""
+
+
+def _deciding(root: str, iteration: int) -> str:
+    return os.path.join(root, READERS, f"iter_{iteration:07d}.deleting")
+
+
+class Hold:
+    """A reader's mark on one checkpoint; release() (or the process's exit) removes it."""
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        self._stop = threading.Event()
+        if path:
+            atexit.register(self.release)
+            threading.Thread(target=self._beat, name="megatron-sat-reader-mark", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(run_lock.HEARTBEAT_S):
+            try:
+                os.utime(self.path)
+            except OSError:
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self.path:
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
+            self.path = None
+
+
+def hold(root: str, iteration: int, tool: str) -> Hold:
+    """Mark checkpoint `iteration` of run folder `root` as read by this process until release() or exit.
+
+    CheckpointGone when retention deleted it first (the caller takes the next complete one). A run folder this
+    process cannot write gets no mark (Hold(None)): its reads are then not protected from retention."""
+    name = f"iter_{iteration:07d}.{socket.gethostname()}.{os.getpid()}.json"
+    path = os.path.join(root, READERS, name)
+    record = dict(host=socket.gethostname(), pid=os.getpid(), process_start=run_lock._process_start(os.getpid()),
+                  tool=tool, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    for attempt in range(3):
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(path + ".tmp", path)
+            break
+        except FileNotFoundError:  # retention removed the empty folder between the two: make it again
+            if attempt == 2:
+                return Hold(None)
+        except OSError:
+            return Hold(None)
+    mark = Hold(path)
+    deciding, deadline = _deciding(root, iteration), time.time() + DECIDING_WAIT_S
+    while os.path.exists(deciding) and time.time() < deadline:
+        time.sleep(0.02)
+    if not is_complete(checkpoint_dir(root, iteration)):
+        mark.release()
+        raise CheckpointGone(f"{checkpoint_dir(root, iteration)} was deleted (--save-retain-interval of the run "
+                             "writing it) as it was chosen")
+    return mark
+
+
+def readers(root: str, iteration: int) -> List[str]:
+    """'tool (host H, pid P)' of every live reader of checkpoint `iteration`; stale marks are removed."""
+    folder = os.path.join(root, READERS)
+    prefix = f"iter_{iteration:07d}."
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix) and n.endswith(".json")]
+    except OSError:
+        return []
+    live = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            age = time.time() - os.path.getmtime(path)
+        except OSError:
+            continue
+        mark = run_lock.read_holder(path)
+        if mark is None:
+            continue
+        if not mark:  # being written (or cut short): a reader until it is old
+            if age < run_lock.STALE_S:
+                live.append(f"a reader writing {name}")
+            continue
+        if run_lock.stale_reason(mark, age) is not None:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            continue
+        live.append(f"{mark.get('tool')} (host {mark.get('host')}, pid {mark.get('pid')})")
+    return live
 
 
 def model_differences(saved: Dict, now: Dict) -> List[str]:

@@ -193,8 +193,9 @@ def configure(args, log) -> Setup:
 def check_inputs(args, setup: Setup, log):
     """(resume point, pretrained point, tokenizer, data): what --load and --pretrained-checkpoint hold, checked
     against the model asked for, and the data against the tokenizer (UsageError)."""
-    def find(root, step=None):
-        return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log)
+    def find(root, step=None, reader=None):
+        return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log,
+                                      reader=reader)
 
     def check(point, flag):
         differs = model_differences(point.model_fields(), setup.model_fields) if point else []
@@ -213,7 +214,7 @@ def check_inputs(args, setup: Setup, log):
         resume = check(find(args.load, args.ckpt_step), "--load") if args.load else None
         pretrained = None
         if resume is None and args.pretrained_checkpoint:
-            pretrained = find(args.pretrained_checkpoint)
+            pretrained = find(args.pretrained_checkpoint, reader="--pretrained-checkpoint load")
             if pretrained is None:
                 raise UsageError(f"--pretrained-checkpoint {args.pretrained_checkpoint} holds no complete checkpoint")
             check(pretrained, "--pretrained-checkpoint")
@@ -232,6 +233,14 @@ def choose_schedule(args, resume, log) -> str:
         return schedule.choose(resume.common.get("opt_param_scheduler"), args, resume.iteration, log)
     except schedule.ScheduleChanged as err:
         raise UsageError(str(err)) from None
+
+
+def followed_schedule(scheduler) -> dict:
+    """The LR schedule a resume that keeps the checkpoint's follows, under the flags' names (config.json records
+    it in place of the command's --lr, --min-lr, ...; lr_schedule_from says whose it is)."""
+    return dict(lr=scheduler.max_lr, min_lr=scheduler.min_lr, lr_warmup_iters=scheduler.lr_warmup_steps,
+                lr_decay_iters=scheduler.lr_decay_steps, lr_decay_style=scheduler.lr_decay_style,
+                weight_decay=scheduler.start_wd, lr_schedule_from="checkpoint")
 
 
 class Loop:
@@ -273,6 +282,8 @@ class Loop:
                           flops_per_token=self.flops_tok, device=str(compat.device()), data=data,
                           tokenizer=str(getattr(tokenizer, "name", tokenizer)), model=setup.model_fields,
                           arguments=run_arguments(args), **record_paths(args))  # paths that hold from any folder
+        if resume is not None and schedule_mode == schedule.CHECKPOINT:
+            run_config.update(followed_schedule(self.scheduler))
         self.monitor = Monitor(args, run_config, self.iteration, resumed=resume is not None, is_logger=rank == 0)
         log(f"megatron-sat: {args.arch}, {num_params:,} parameters, {layout.describe(setup.world)}, "
             f"{setup.num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "

@@ -14,6 +14,13 @@ collective, an evaluation or a save that never ends), its watchdog
      than this exit code) and exits with HANG_EXIT (75, EX_TEMPFAIL: try again), saving nothing: a save in
      progress stays a .tmp folder, which the next start removes; the rerun resumes from the last checkpoint.
 
+A suspended job is not a hung one: when the whole job is stopped and continued (scontrol suspend/resume, gang
+scheduling, SIGSTOP/SIGCONT of every process, a paused VM), every rank's watchdog thread stopped with it, so each
+sees its own clock jump: its wait of one interval took much longer. That time is not counted as time without
+progress; the watchdog logs "suspended for N s" and carries on. A rank that stays stopped while the others run (a
+hang, also one that starts during or right after a suspension) is still named by the running ranks' watchdogs,
+whose threads kept running: within the timeout plus one heartbeat of the others' resumption.
+
 Why written here: nvidia-resiliency-ext's fault tolerance (heartbeats with a rank monitor) needs its own launcher
 (ft_launcher) in place of torchrun and of the one-task-per-GPU srun launch (slurm/launch.sh), and its releases for
 Python 3.11 stop at 0.4.1; torch's flight recorder records collectives (used above) but detects hangs only in
@@ -68,6 +75,7 @@ class Watchdog:
         self.interval_s = interval_s or max(0.2, min(5.0, timeout_s / 10))
         self.where, self.last = "starting", time.time()
         self.paused: Optional[str] = None
+        self.suspended_s = 0.0  # the time this process was seen not running (a suspension), in total
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -122,15 +130,37 @@ class Watchdog:
 
     def _write(self, now: float) -> None:
         record = dict(rank=self.rank, host=socket.gethostname(), pid=os.getpid(), where=self.where,
-                      progress_at=self.last, written_at=now, paused=self.paused)
+                      progress_at=self.last, written_at=now, paused=self.paused,
+                      suspended_s=round(self.suspended_s, 1))
         tmp = self._path(self.rank) + ".tmp"
         with open(tmp, "w") as f:
             json.dump(record, f)
         os.replace(tmp, self._path(self.rank))
 
+    def _suspension(self, before: float, now: float) -> float:
+        """Seconds this process was not running during a wait of one interval from `before` to `now` (0: none).
+
+        The thread sleeps one interval between looks; a look much later than that means the process (the whole job,
+        when every rank sees it) was stopped or the machine paused. A short scheduling delay under load is not
+        counted (below the larger of 5 s and two intervals: a thread starved that long on a loaded machine), so a
+        stopped peer is still named within the timeout plus one heartbeat."""
+        excess = now - before - self.interval_s
+        return excess if excess > max(5.0, 2 * self.interval_s) else 0.0
+
     def _run(self) -> None:
+        before = time.time()
         while not self._stop.wait(self.interval_s):
             now = time.time()
+            gone = self._suspension(before, now)
+            before = now
+            if gone:
+                # progress measured from before the stop: move it by the stopped time (never past now: a beat of
+                # the loop since the resumption counts as it is)
+                self.last = min(self.last + gone, now)
+                self.suspended_s += gone
+                self.log(f"megatron-sat watchdog (rank {self.rank}): this process was suspended for {gone:.0f} s "
+                         f"(the job stopped and continued: scontrol suspend/resume, SIGSTOP/SIGCONT, a paused "
+                         f"machine); not counted as a hang, carrying on at: {self.where}")
             try:
                 self._write(now)
             except OSError:
