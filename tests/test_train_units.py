@@ -7,7 +7,8 @@ import pytest
 
 import recipes  # the repository's recipes/ package
 from megatron_sat.model.flops import PEAK_TFLOPS, flops_breakdown, flops_per_token, peak_flops_per_device
-from megatron_sat.training.arguments import build_parser, parse_args, validate_args
+from megatron_sat.training.argument_checks import validate_args
+from megatron_sat.training.arguments import build_parser, parse_args
 
 
 def _cfg(arch, **kw):

@@ -28,7 +28,7 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.training.arguments import arch_flag_errors
+from megatron_sat.training.argument_checks import arch_flag_errors
 from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, plan_recipe, resolve_args
 from recipes.paper import GRID  # importing the recipes package registers every recipe
 

@@ -12,7 +12,7 @@ the profiler's own defaults (PROFILER_DEFAULTS; the global batch: micro-batch x 
 Each arch of --archs (a label: megatron_sat.archs.arch_label) replaces the recipe's arch.
 
 Checked, all at once, before any process is launched: the tool's own options, what each arch refuses
-(arguments.arch_flag_errors), the world size against the layout (arguments.world_errors), and each arch's model config
+(argument_checks.arch_flag_errors), the world size against the layout (argument_checks.world_errors), and each arch's model config
 (training/setup.py, as the trainer builds it) against the layout and the global batch (parallel.layout.validate).
 """
 
@@ -26,7 +26,8 @@ from megatron_sat.archs import arch_label, arch_label_errors
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.layout import validate
 from megatron_sat.parallel.world import world_from_env
-from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, recipe_defaults, world_errors
+from megatron_sat.training.argument_checks import arch_flag_errors, world_errors
+from megatron_sat.training.arguments import build_parser, recipe_args, recipe_defaults
 from megatron_sat.training.config_file import read_config
 from megatron_sat.training.setup import model_config, precision_and_layout
 

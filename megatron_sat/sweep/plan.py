@@ -23,7 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import BASELINES
-from megatron_sat.training.arguments import arch_flag_errors, build_parser, recipe_args, recipe_folder_name, unnamed_dests
+from megatron_sat.training.argument_checks import arch_flag_errors
+from megatron_sat.training.arguments import build_parser, recipe_args, recipe_folder_name, unnamed_dests
 from megatron_sat.training.planner import format_tokens, make_plan  # light: megatron-core only inside make_plan
 from recipes.paper import cluster, recipe_name
 

@@ -4,24 +4,23 @@ Parsing is in layers: `--recipe NAME` (recipes/, or `module:function` outside th
 `--config FILE` (config_file.py) are read first and become the parser's defaults, the config file's over
 the recipe's, so that any flag on the command line overrides both: recipe < config file < command line.
 Without a recipe or a config file that gives them, the model shape and the length of training are
-required flags, as in Megatron-LM. `validate_args` checks everything that can be checked without
-importing megatron or touching the disk for writing, so bad input fails in about a second with a clear
-message and leaves no checkpoint behind.
+required flags, as in Megatron-LM. The flags are declared by group (`_add_<group>_args`, Megatron-LM's habit;
+the Megatron-LM compatibility flags in megatron_lm_flags.py, the model's from model/args.py), and
+argument_checks.py checks the resolved values without importing megatron or touching the disk for writing, so
+bad input fails in about a second with a clear message and leaves no checkpoint behind.
 """
 
 import argparse
-import importlib.util
 import os
 import sys
 from typing import List, Optional, Sequence
 
 from megatron_sat import archs
 from megatron_sat.model import args as model_args  # no torch
-from megatron_sat.outputs import check_output
 from megatron_sat.parallel.world import world_from_env  # torchrun's or srun's world, without importing torch
 from megatron_sat.training import megatron_lm_flags
+from megatron_sat.training.argument_checks import argument_errors
 from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
-from megatron_sat.training.run_folder import holds_run  # no megatron
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -84,6 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # each group says whether its flags name a run (names_run, see _group); a flag unlike its group says so itself
     a = _group(p, None, names_run=False)
+    _add_model_args(p)
+    _add_parallel_args(p)
+    _add_training_args(p)
+    _add_data_args(p)
+    _add_checkpoint_args(p)
+    _add_logging_args(p)
+    _add_eval_tasks_args(p)
+    megatron_lm_flags.add_arguments(p, _group)
+    a("--debug-inject-nan-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    a("--debug-save-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds inside each save (tests)
+    a("--debug-fail-save-at", type=int, default=None, help=argparse.SUPPRESS)  # this iteration's save fails
+    return p
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """The recipe, config file and model flags."""
     g = _group(p, "recipe, config file and model", names_run=True)
     g("--recipe", default=None, names_run=False,
       help="start from a recipe: a name in recipes/, or module:function (also path/to/file.py:function) of your own "
@@ -102,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
            "--recompute-num-layers layers as one chunk, block = only the first --recompute-num-layers layers of "
            "each pipeline stage; default: uniform")
     g("--recompute-num-layers", type=int, default=1, names_run=False)
+
+
+def _add_parallel_args(p: argparse.ArgumentParser) -> None:
+    """The parallelism flags."""
     g = _group(p, "parallelism", names_run=False)
     g("--tensor-model-parallel-size", type=int, default=1)
     g("--pipeline-model-parallel-size", type=int, default=1)
@@ -115,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     g("--use-distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
       help="default: on with a GPU, off on CPU")
     g("--overlap-grad-reduce", action="store_true")
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    """The batch and schedule flags."""
     g = _group(p, "batch and schedule", names_run=True)
     g("--micro-batch-size", type=int, default=2, names_run=False)
     g("--global-batch-size", type=int, default=8)
@@ -166,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="accumulate and reduce gradients in fp32 (Megatron-LM's flag): the default here; refused with "
            "--grad-reduce-in-bf16")
     g("--seed", type=int, default=1234)
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    """The data flags."""
     g = _group(p, "data", names_run=False)
     g("--data-path", nargs="*", default=None, help="indexed dataset prefix(es) or a blend 'w1 p1 w2 p2'")
     g("--split", default="98,2,0")
@@ -192,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="train even though the data's .meta.json names a different tokenizer")
     g("--make-vocab-size-divisible-by", type=int, default=128, names_run=True,
       help="pad the model's vocabulary (x TP)")
+
+
+def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
+    """The checkpoints and stopping flags."""
     g = _group(p, "checkpoints and stopping", names_run=False)
     g("--save", default=None, help="run folder: checkpoints, metrics.jsonl, config.json (default runs/RECIPE)")
     g("--load", default=None, help="resume from this folder's latest complete checkpoint")
@@ -237,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     g("--eval-samples", type=int, default=None, metavar="N",
       help="sequences per evaluation (rounded up to a multiple of micro-batch x data-parallel size) instead of "
            "--eval-iters global batches")
+
+
+def _add_logging_args(p: argparse.ArgumentParser) -> None:
+    """The logging flags."""
     g = _group(p, "logging", names_run=False)
     g("--log-interval", type=int, default=10)
     g("--wandb-project", default=None)
@@ -249,6 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
            "tensorboard package)")
     g("--peak-tflops", type=float, default=None, help="peak TFLOP/s per device for MFU (default: device table)")
     g("--no-progress-bar", dest="progress_bar", action="store_false")
+
+
+def _add_eval_tasks_args(p: argparse.ArgumentParser) -> None:
+    """The downstream tasks (lm-eval, during training) flags."""
     # downstream tasks during training (megatron_sat/analysis/training_tasks.py); checked by eval_tasks_errors
     g = _group(p, "downstream tasks (lm-eval, during training)", names_run=True)
     g("--eval-tasks", default=None, metavar="TASKS",
@@ -260,11 +299,6 @@ def build_parser() -> argparse.ArgumentParser:
     g("--eval-tasks-include-path", action="append", default=[], metavar="DIR",
       help="folder of local task YAMLs (repeatable; data_files relative to the YAML)")
     g("--eval-tasks-batch-size", type=int, default=None, metavar="B", help="requests per forward (default: micro-batch)")
-    megatron_lm_flags.add_arguments(p, _group)
-    a("--debug-inject-nan-at-step", type=int, default=None, help=argparse.SUPPRESS)
-    a("--debug-save-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds inside each save (tests)
-    a("--debug-fail-save-at", type=int, default=None, help=argparse.SUPPRESS)  # this iteration's save fails
-    return p
 
 
 def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentParser] = None) -> dict:
@@ -419,276 +453,3 @@ def _read_data_args(args: argparse.Namespace) -> List[str]:
 
 def _dests(parser) -> set:
     return {action.dest for action in parser._actions}
-
-
-def validate_args(args: argparse.Namespace, world_size: int) -> None:
-    """Raise ValueError listing every problem found (megatron is not imported)."""
-    errors = argument_errors(args, world_size)
-    if errors:
-        raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
-
-
-def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
-    """Every problem of the resolved arguments, one line each (megatron is not imported)."""
-    errors = arch_flag_errors(args)
-    world = world_errors(args, world_size)
-    errors += world
-    if not world:
-        dp = world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
-                            * args.context_parallel_size)
-        if args.micro_batch_size < 1 or args.global_batch_size < 1:
-            errors.append(f"--micro-batch-size ({args.micro_batch_size}) and --global-batch-size "
-                          f"({args.global_batch_size}) must be >= 1")
-        elif args.global_batch_size % (args.micro_batch_size * dp):
-            errors.append(f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
-                          f"x data-parallel size = {args.micro_batch_size} x {dp}")
-    for name in ("train_iters", "seq_length", "log_interval", "eval_iters"):
-        if getattr(args, name) < 1:
-            errors.append(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("save_interval", "eval_interval", "exit_interval", "save_retain_interval", "eval_samples"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            errors.append(f"--{name.replace('_', '-')} must be >= 1")
-    if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
-        errors.append(f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr}) and --lr > 0")
-    if (args.distributed_timeout_minutes is not None and args.distributed_timeout_minutes <= 0) \
-            or (args.hang_timeout_minutes or 0) < 0:
-        errors.append("--distributed-timeout-minutes must be > 0 and --hang-timeout-minutes >= 0 (0 turns the "
-                      "watchdog off)")
-    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
-        errors.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler exclude each other: "
-                      "pass one (the command's LR schedule, or the checkpoint's)")
-    decay = args.lr_decay_iters or args.train_iters
-    if not 0 <= args.lr_warmup_iters < decay:
-        errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "
-                      "(--lr-decay-iters, default --train-iters)")
-    if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction < 1:
-        errors.append(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1) (a fraction of the decay "
-                      "length)")
-    errors += megatron_lm_errors(args) + megatron_lm_flags.errors(args)
-    sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data), bool(args.train_data_path)]
-    if sum(sources) != 1:
-        errors.append("give exactly one data source: --data-path PREFIX, --train-data-path PREFIX (with "
-                      "--valid-data-path, --test-data-path), --mock-data or --embedded-data DIR")
-    errors += split_path_errors(args)
-    if args.data_path:
-        prefixes = [x for x in " ".join(args.data_path).split() if not _is_number(x)]
-        missing = [x for x in prefixes if not (os.path.isfile(x + ".bin") and os.path.isfile(x + ".idx"))]
-        if missing:
-            errors.append(f"--data-path: no indexed dataset (.bin + .idx) at {', '.join(missing)} "
-                          "(make one with tools/preprocess_data.py)")
-        errors += blend_errors("--data-path", args.data_path)
-        if not args.tokenizer_model:
-            errors.append("--data-path needs --tokenizer-model (the tokenizer the data was made with)")
-    if args.mock_data and not args.vocab_size:
-        errors.append("--mock-data needs --vocab-size")
-    if args.load and not os.path.isdir(args.load) and not (args.save and same_path(args.load, args.save)):
-        errors.append(f"--load folder {args.load} does not exist")  # --save D --load D: D is created
-    if args.ckpt_step is not None and not args.load:
-        errors.append("--ckpt-step needs --load")
-    if args.pretrained_checkpoint and not os.path.isdir(args.pretrained_checkpoint):
-        errors.append(f"--pretrained-checkpoint folder {args.pretrained_checkpoint} does not exist")
-    try:
-        parse_split(args.split)
-    except ValueError as e:
-        errors.append(str(e))
-    errors += save_folder_errors(args)
-    errors += eval_tasks_errors(args)
-    if args.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
-        errors.append("--tensorboard-dir needs the tensorboard package: pip install tensorboard "
-                      "(in the train extra of megatron-sat)")
-    if args.tensorboard_dir and os.path.exists(args.tensorboard_dir) and not os.path.isdir(args.tensorboard_dir):
-        errors.append(f"--tensorboard-dir {args.tensorboard_dir} is a file: give a folder (new, or this run's)")
-    elif args.tensorboard_dir:
-        unwritable = unwritable_folder(args.tensorboard_dir)
-        if unwritable:
-            what = "is a file" if os.path.isfile(unwritable) else ("cannot be written: a read-only file system, an "
-                                                                    "immutable folder or no permission")
-            errors.append(f"--tensorboard-dir {args.tensorboard_dir} is not writable ({unwritable} {what}): pass a "
-                          "--tensorboard-dir this job can write")
-    return errors
-
-
-def world_errors(args: argparse.Namespace, world_size: int) -> List[str]:
-    """The world size against TP x PP x CP (argument_errors' first check; the throughput profiler's too, which
-    needs the data-parallel size before it can build a model for parallel.layout.validate)."""
-    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
-        return [f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}"]
-    return []
-
-
-# the tokenizer types of Megatron-LM's --tokenizer-type that mean something here
-TOKENIZER_TYPES = ("HuggingFaceTokenizer", "NullTokenizer")
-
-
-def megatron_lm_errors(args: argparse.Namespace) -> List[str]:
-    """What the Megatron-LM flags refuse here: tokenizer types and checkpoint formats this trainer does not read,
-    --finetune without a checkpoint to read or onto its own folder, --recompute-method without full recompute."""
-    errors = []
-    kind = args.tokenizer_type
-    if kind is not None and kind not in TOKENIZER_TYPES:
-        errors.append(f"--tokenizer-type {kind} is not read here: use --tokenizer-type HuggingFaceTokenizer "
-                      "--tokenizer-model DIR (a Hugging Face tokenizer folder, tokenizer.json or hub name)")
-    elif kind == "NullTokenizer" and not args.mock_data:
-        errors.append("--tokenizer-type NullTokenizer goes with --mock-data --vocab-size N; for a dataset use "
-                      "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
-    elif kind == "HuggingFaceTokenizer" and not args.tokenizer_model:
-        errors.append("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a tokenizer folder, "
-                      "tokenizer.json or hub name)")
-    if args.ckpt_format != "torch_dist":
-        errors.append(f"--ckpt-format {args.ckpt_format} is not supported: checkpoints here are torch_dist "
-                      "(Megatron-Core dist checkpointing); drop the flag or pass --ckpt-format torch_dist")
-    if args.finetune:
-        if not args.load:
-            errors.append("--finetune needs --load (the checkpoint whose weights to start from)")
-        elif args.save and same_path(args.load, args.save):
-            errors.append(f"--finetune --load {args.load} would write over the run it reads: pass a new --save "
-                          "folder (or --pretrained-checkpoint DIR --load NEW --save NEW, which a requeued job resumes)")
-        if args.pretrained_checkpoint:
-            errors.append("give --finetune --load DIR or --pretrained-checkpoint DIR, not both")
-    if args.recompute_method is not None and args.recompute_granularity != "full":
-        errors.append("--recompute-method needs --recompute-granularity full (selective recompute has no method)")
-    if args.train_samples is not None and args.train_samples < 1:
-        errors.append("--train-samples must be >= 1")
-    return errors
-
-
-def save_folder_errors(args: argparse.Namespace) -> List[str]:
-    """--save must be a folder that is new, or the run being resumed (--load the same folder): a run folder
-    that holds checkpoints is never written over by a run that did not load it."""
-    save = args.save
-    if not save:
-        return []
-    if os.path.exists(save) and not os.path.isdir(save):
-        return [f"--save {save} is a file, not a folder: pass a folder for checkpoints, metrics and config"]
-    unwritable = unwritable_folder(save)
-    if unwritable:
-        return [f"--save {save} is not writable ({unwritable} cannot be written: a read-only file system, an "
-                "immutable folder or no permission): pass a --save folder this job can write"]
-    others = {"--load": None if args.load and same_path(args.load, save) else args.load,
-              "--pretrained-checkpoint": args.pretrained_checkpoint}
-    try:
-        check_output("--save", save, others)
-    except ValueError as e:
-        return [str(e)]
-    if args.load and same_path(args.load, save):
-        return []
-    if os.path.isdir(save) and holds_run(save):
-        hint = f"resume it with --load {save}" + (f" (not --load {args.load})" if args.load else "")
-        return [f"--save {save} already holds a run's checkpoints: {hint}, or pass a new --save folder"]
-    return []
-
-
-def unwritable_folder(folder: str) -> Optional[str]:
-    """The folder (or, when it does not exist yet, its nearest existing parent) if this process cannot create
-    files in it, else None. os.access honours read-only mounts and immutable folders for root as well."""
-    path = os.path.abspath(folder)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return None if os.access(path, os.W_OK | os.X_OK) else path
-
-
-def same_path(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
-def arch_flag_errors(args: argparse.Namespace) -> List[str]:
-    """What the chosen arch refuses of these flags (megatron_sat.archs.arch_errors; the model config raises the same,
-    naming its fields)."""
-    return archs.arch_errors(args.arch, fp8=args.fp8_format, recompute_granularity=args.recompute_granularity,
-                             hc_expansion_rate=args.hc_expansion_rate, value_residual_gate=args.value_residual_gate,
-                             resformer_lambdas=args.resformer_lambdas,
-                             value_residual_gate_impl=args.value_residual_gate_impl)
-
-
-def split_path_errors(args: argparse.Namespace) -> List[str]:
-    """--train/valid/test-data-path: datasets that exist, a tokenizer, and no --valid/--test path without a train
-    path (the per-split paths replace --data-path + --split as a whole)."""
-    errors = []
-    per_split = {k: getattr(args, f"{k}_data_path", None) for k in ("train", "valid", "test")}
-    if not any(per_split.values()):
-        return errors
-    if not per_split["train"]:
-        errors.append("--valid-data-path / --test-data-path need --train-data-path (they replace --data-path)")
-    for name, value in per_split.items():
-        if value:
-            prefixes = [x for x in " ".join(value).split() if not _is_number(x)]
-            missing = [x for x in prefixes if not (os.path.isfile(x + ".bin") and os.path.isfile(x + ".idx"))]
-            if missing or not prefixes:
-                errors.append(f"--{name}-data-path: no indexed dataset (.bin + .idx) at "
-                              f"{', '.join(missing) or 'nothing given'} (make one with tools/preprocess_data.py)")
-            errors += blend_errors(f"--{name}-data-path", value)
-    if per_split["train"] and not args.tokenizer_model:
-        errors.append("--train-data-path needs --tokenizer-model (the tokenizer the data was made with)")
-    return errors
-
-
-def blend_errors(flag: str, value: Sequence[str]) -> List[str]:
-    """A blend's weights (finite, > 0; NaN too is refused) and empty .bin files, before anything is imported
-    (data/checks.py checks the rest of each dataset, e.g. an .idx that lists no document, before step 1)."""
-    items = " ".join(value).split()
-    errors = []
-    weights = items[0::2] if len(items) % 2 == 0 and all(_is_number(x) for x in items[0::2]) else []
-    if weights and not all(0 < float(w) < float("inf") for w in weights):
-        errors.append(f"{flag}: blend weights must be finite numbers > 0, got {' '.join(weights)}: write it as "
-                      "'w1 prefix1 w2 prefix2 ...'")
-    empty = [x for x in items if not _is_number(x) and os.path.isfile(x + ".bin") and os.path.getsize(x + ".bin") == 0]
-    errors += [f"{flag}: {x}.bin is empty: the dataset {x} holds no documents. Remove it from {flag}, or re-run "
-               "tools/preprocess_data.py on inputs that hold text" for x in empty]
-    return errors
-
-
-def data_spec(args: argparse.Namespace):
-    """What the trainer reads: the --data-path blend (a string), or {"train", "valid", "test"} blends."""
-    if args.train_data_path:
-        return {k: " ".join(getattr(args, f"{k}_data_path") or []) or None for k in ("train", "valid", "test")}
-    return " ".join(args.data_path)
-
-
-def parse_split(split: str) -> list:
-    """'98,2,0' -> [98.0, 2.0, 0.0]; ValueError with what is wrong (Megatron's own error says NaN)."""
-    parts = [p.strip() for p in str(split).replace("/", ",").split(",")]
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"--split {split!r} must be up to three comma-separated numbers, e.g. 98,2,0") from None
-    if not 1 <= len(values) <= 3 or any(v < 0 or v != v for v in values) or sum(values) <= 0:
-        raise ValueError(f"--split {split!r} must be up to three non-negative numbers with a positive sum, "
-                         "e.g. 98,2,0")
-    return values + [0.0] * (3 - len(values))
-
-
-
-def _is_number(x: str) -> bool:
-    try:
-        float(x)
-        return True
-    except ValueError:
-        return False
-
-
-def eval_tasks_errors(args: argparse.Namespace) -> List[str]:
-    """What --eval-tasks and its companions refuse (checked before anything is built)."""
-    companions = [f"--{k.replace('_', '-')}" for k in ("eval_tasks_interval", "eval_tasks_limit",
-                                                       "eval_tasks_include_path", "eval_tasks_batch_size")
-                  if getattr(args, k)]
-    if not args.eval_tasks:
-        return [f"{', '.join(companions)} need --eval-tasks"] if companions else []
-    errors = []
-    if not [t for t in args.eval_tasks.split(",") if t.strip()]:
-        errors.append("--eval-tasks names no task: give comma-separated lm-eval task names")
-    for name in ("eval_tasks_interval", "eval_tasks_batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            errors.append(f"--{name.replace('_', '-')} must be >= 1")
-    if args.eval_tasks_limit is not None and args.eval_tasks_limit <= 0:
-        errors.append("--eval-tasks-limit must be > 0 (examples per task, or a fraction below 1)")
-    errors += [f"--eval-tasks-include-path {d} is not a folder" for d in args.eval_tasks_include_path
-               if not os.path.isdir(d)]
-    if args.pipeline_model_parallel_size > 1 or args.context_parallel_size > 1:
-        errors.append("--eval-tasks runs at PP1 and CP1 only (TP and DP are fine): score this run's checkpoints "
-                      "with tools/evaluate.py --checkpoint RUN instead")
-    if args.mock_data and not args.tokenizer_model:
-        errors.append("--eval-tasks with --mock-data needs --tokenizer-model (the tokenizer the tasks are read with)")
-    if importlib.util.find_spec("lm_eval") is None:
-        errors.append('--eval-tasks needs lm-eval: pip install "lm-eval[hf]==0.4.13"')
-    return errors

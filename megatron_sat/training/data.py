@@ -33,7 +33,7 @@ from megatron_sat.data import (
     write_default_corpus,
 )
 from megatron_sat.data.checks import DataError, check_dataset, epochs_needed, split_errors
-from megatron_sat.training.arguments import data_spec, parse_split
+from megatron_sat.training.argument_checks import data_spec, parse_split
 
 READY = "READY"
 # seed of the validation split's shuffle, the same for every run (1234, the recipes' default --seed, so that

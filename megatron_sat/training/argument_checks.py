@@ -1,0 +1,286 @@
+"""The trainer's argument checks: every problem of resolved arguments, one line each, without importing megatron
+or writing to the disk (training/arguments.py parses and resolves; this module says what is wrong and how to fix it,
+so bad input exits 2 in about a second and leaves no checkpoint behind)."""
+
+import argparse
+import importlib.util
+import os
+from typing import List, Optional, Sequence
+
+from megatron_sat import archs
+from megatron_sat.outputs import check_output
+from megatron_sat.training import megatron_lm_flags
+from megatron_sat.training.run_folder import holds_run  # no megatron
+
+
+def validate_args(args: argparse.Namespace, world_size: int) -> None:
+    """Raise ValueError listing every problem found (megatron is not imported)."""
+    errors = argument_errors(args, world_size)
+    if errors:
+        raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
+
+
+def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
+    """Every problem of the resolved arguments, one line each (megatron is not imported)."""
+    errors = arch_flag_errors(args)
+    world = world_errors(args, world_size)
+    errors += world
+    if not world:
+        dp = world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+                            * args.context_parallel_size)
+        if args.micro_batch_size < 1 or args.global_batch_size < 1:
+            errors.append(f"--micro-batch-size ({args.micro_batch_size}) and --global-batch-size "
+                          f"({args.global_batch_size}) must be >= 1")
+        elif args.global_batch_size % (args.micro_batch_size * dp):
+            errors.append(f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
+                          f"x data-parallel size = {args.micro_batch_size} x {dp}")
+    for name in ("train_iters", "seq_length", "log_interval", "eval_iters"):
+        if getattr(args, name) < 1:
+            errors.append(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("save_interval", "eval_interval", "exit_interval", "save_retain_interval", "eval_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            errors.append(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr <= 0 or args.min_lr < 0 or args.min_lr > args.lr:
+        errors.append(f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr}) and --lr > 0")
+    if (args.distributed_timeout_minutes is not None and args.distributed_timeout_minutes <= 0) \
+            or (args.hang_timeout_minutes or 0) < 0:
+        errors.append("--distributed-timeout-minutes must be > 0 and --hang-timeout-minutes >= 0 (0 turns the "
+                      "watchdog off)")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        errors.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler exclude each other: "
+                      "pass one (the command's LR schedule, or the checkpoint's)")
+    decay = args.lr_decay_iters or args.train_iters
+    if not 0 <= args.lr_warmup_iters < decay:
+        errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "
+                      "(--lr-decay-iters, default --train-iters)")
+    if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction < 1:
+        errors.append(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1) (a fraction of the decay "
+                      "length)")
+    errors += megatron_lm_errors(args) + megatron_lm_flags.errors(args)
+    sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data), bool(args.train_data_path)]
+    if sum(sources) != 1:
+        errors.append("give exactly one data source: --data-path PREFIX, --train-data-path PREFIX (with "
+                      "--valid-data-path, --test-data-path), --mock-data or --embedded-data DIR")
+    errors += split_path_errors(args)
+    if args.data_path:
+        prefixes = [x for x in " ".join(args.data_path).split() if not _is_number(x)]
+        missing = [x for x in prefixes if not (os.path.isfile(x + ".bin") and os.path.isfile(x + ".idx"))]
+        if missing:
+            errors.append(f"--data-path: no indexed dataset (.bin + .idx) at {', '.join(missing)} "
+                          "(make one with tools/preprocess_data.py)")
+        errors += blend_errors("--data-path", args.data_path)
+        if not args.tokenizer_model:
+            errors.append("--data-path needs --tokenizer-model (the tokenizer the data was made with)")
+    if args.mock_data and not args.vocab_size:
+        errors.append("--mock-data needs --vocab-size")
+    if args.load and not os.path.isdir(args.load) and not (args.save and same_path(args.load, args.save)):
+        errors.append(f"--load folder {args.load} does not exist")  # --save D --load D: D is created
+    if args.ckpt_step is not None and not args.load:
+        errors.append("--ckpt-step needs --load")
+    if args.pretrained_checkpoint and not os.path.isdir(args.pretrained_checkpoint):
+        errors.append(f"--pretrained-checkpoint folder {args.pretrained_checkpoint} does not exist")
+    try:
+        parse_split(args.split)
+    except ValueError as e:
+        errors.append(str(e))
+    errors += save_folder_errors(args)
+    errors += eval_tasks_errors(args)
+    if args.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
+        errors.append("--tensorboard-dir needs the tensorboard package: pip install tensorboard "
+                      "(in the train extra of megatron-sat)")
+    if args.tensorboard_dir and os.path.exists(args.tensorboard_dir) and not os.path.isdir(args.tensorboard_dir):
+        errors.append(f"--tensorboard-dir {args.tensorboard_dir} is a file: give a folder (new, or this run's)")
+    elif args.tensorboard_dir:
+        unwritable = unwritable_folder(args.tensorboard_dir)
+        if unwritable:
+            what = "is a file" if os.path.isfile(unwritable) else ("cannot be written: a read-only file system, an "
+                                                                    "immutable folder or no permission")
+            errors.append(f"--tensorboard-dir {args.tensorboard_dir} is not writable ({unwritable} {what}): pass a "
+                          "--tensorboard-dir this job can write")
+    return errors
+
+
+def world_errors(args: argparse.Namespace, world_size: int) -> List[str]:
+    """The world size against TP x PP x CP (argument_errors' first check; the throughput profiler's too, which
+    needs the data-parallel size before it can build a model for parallel.layout.validate)."""
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    if tp < 1 or pp < 1 or cp < 1 or world_size % (tp * pp * cp):
+        return [f"world size {world_size} is not divisible by TP x PP x CP = {tp} x {pp} x {cp}"]
+    return []
+
+
+# the tokenizer types of Megatron-LM's --tokenizer-type that mean something here
+TOKENIZER_TYPES = ("HuggingFaceTokenizer", "NullTokenizer")
+
+
+def megatron_lm_errors(args: argparse.Namespace) -> List[str]:
+    """What the Megatron-LM flags refuse here: tokenizer types and checkpoint formats this trainer does not read,
+    --finetune without a checkpoint to read or onto its own folder, --recompute-method without full recompute."""
+    errors = []
+    kind = args.tokenizer_type
+    if kind is not None and kind not in TOKENIZER_TYPES:
+        errors.append(f"--tokenizer-type {kind} is not read here: use --tokenizer-type HuggingFaceTokenizer "
+                      "--tokenizer-model DIR (a Hugging Face tokenizer folder, tokenizer.json or hub name)")
+    elif kind == "NullTokenizer" and not args.mock_data:
+        errors.append("--tokenizer-type NullTokenizer goes with --mock-data --vocab-size N; for a dataset use "
+                      "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
+    elif kind == "HuggingFaceTokenizer" and not args.tokenizer_model:
+        errors.append("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a tokenizer folder, "
+                      "tokenizer.json or hub name)")
+    if args.ckpt_format != "torch_dist":
+        errors.append(f"--ckpt-format {args.ckpt_format} is not supported: checkpoints here are torch_dist "
+                      "(Megatron-Core dist checkpointing); drop the flag or pass --ckpt-format torch_dist")
+    if args.finetune:
+        if not args.load:
+            errors.append("--finetune needs --load (the checkpoint whose weights to start from)")
+        elif args.save and same_path(args.load, args.save):
+            errors.append(f"--finetune --load {args.load} would write over the run it reads: pass a new --save "
+                          "folder (or --pretrained-checkpoint DIR --load NEW --save NEW, which a requeued job resumes)")
+        if args.pretrained_checkpoint:
+            errors.append("give --finetune --load DIR or --pretrained-checkpoint DIR, not both")
+    if args.recompute_method is not None and args.recompute_granularity != "full":
+        errors.append("--recompute-method needs --recompute-granularity full (selective recompute has no method)")
+    if args.train_samples is not None and args.train_samples < 1:
+        errors.append("--train-samples must be >= 1")
+    return errors
+
+
+def save_folder_errors(args: argparse.Namespace) -> List[str]:
+    """--save must be a folder that is new, or the run being resumed (--load the same folder): a run folder
+    that holds checkpoints is never written over by a run that did not load it."""
+    save = args.save
+    if not save:
+        return []
+    if os.path.exists(save) and not os.path.isdir(save):
+        return [f"--save {save} is a file, not a folder: pass a folder for checkpoints, metrics and config"]
+    unwritable = unwritable_folder(save)
+    if unwritable:
+        return [f"--save {save} is not writable ({unwritable} cannot be written: a read-only file system, an "
+                "immutable folder or no permission): pass a --save folder this job can write"]
+    others = {"--load": None if args.load and same_path(args.load, save) else args.load,
+              "--pretrained-checkpoint": args.pretrained_checkpoint}
+    try:
+        check_output("--save", save, others)
+    except ValueError as e:
+        return [str(e)]
+    if args.load and same_path(args.load, save):
+        return []
+    if os.path.isdir(save) and holds_run(save):
+        hint = f"resume it with --load {save}" + (f" (not --load {args.load})" if args.load else "")
+        return [f"--save {save} already holds a run's checkpoints: {hint}, or pass a new --save folder"]
+    return []
+
+
+def unwritable_folder(folder: str) -> Optional[str]:
+    """The folder (or, when it does not exist yet, its nearest existing parent) if this process cannot create
+    files in it, else None. os.access honours read-only mounts and immutable folders for root as well."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return None if os.access(path, os.W_OK | os.X_OK) else path
+
+
+def same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def arch_flag_errors(args: argparse.Namespace) -> List[str]:
+    """What the chosen arch refuses of these flags (megatron_sat.archs.arch_errors; the model config raises the same,
+    naming its fields)."""
+    return archs.arch_errors(args.arch, fp8=args.fp8_format, recompute_granularity=args.recompute_granularity,
+                             hc_expansion_rate=args.hc_expansion_rate, value_residual_gate=args.value_residual_gate,
+                             resformer_lambdas=args.resformer_lambdas,
+                             value_residual_gate_impl=args.value_residual_gate_impl)
+
+
+def split_path_errors(args: argparse.Namespace) -> List[str]:
+    """--train/valid/test-data-path: datasets that exist, a tokenizer, and no --valid/--test path without a train
+    path (the per-split paths replace --data-path + --split as a whole)."""
+    errors = []
+    per_split = {k: getattr(args, f"{k}_data_path", None) for k in ("train", "valid", "test")}
+    if not any(per_split.values()):
+        return errors
+    if not per_split["train"]:
+        errors.append("--valid-data-path / --test-data-path need --train-data-path (they replace --data-path)")
+    for name, value in per_split.items():
+        if value:
+            prefixes = [x for x in " ".join(value).split() if not _is_number(x)]
+            missing = [x for x in prefixes if not (os.path.isfile(x + ".bin") and os.path.isfile(x + ".idx"))]
+            if missing or not prefixes:
+                errors.append(f"--{name}-data-path: no indexed dataset (.bin + .idx) at "
+                              f"{', '.join(missing) or 'nothing given'} (make one with tools/preprocess_data.py)")
+            errors += blend_errors(f"--{name}-data-path", value)
+    if per_split["train"] and not args.tokenizer_model:
+        errors.append("--train-data-path needs --tokenizer-model (the tokenizer the data was made with)")
+    return errors
+
+
+def blend_errors(flag: str, value: Sequence[str]) -> List[str]:
+    """A blend's weights (finite, > 0; NaN too is refused) and empty .bin files, before anything is imported
+    (data/checks.py checks the rest of each dataset, e.g. an .idx that lists no document, before step 1)."""
+    items = " ".join(value).split()
+    errors = []
+    weights = items[0::2] if len(items) % 2 == 0 and all(_is_number(x) for x in items[0::2]) else []
+    if weights and not all(0 < float(w) < float("inf") for w in weights):
+        errors.append(f"{flag}: blend weights must be finite numbers > 0, got {' '.join(weights)}: write it as "
+                      "'w1 prefix1 w2 prefix2 ...'")
+    empty = [x for x in items if not _is_number(x) and os.path.isfile(x + ".bin") and os.path.getsize(x + ".bin") == 0]
+    errors += [f"{flag}: {x}.bin is empty: the dataset {x} holds no documents. Remove it from {flag}, or re-run "
+               "tools/preprocess_data.py on inputs that hold text" for x in empty]
+    return errors
+
+
+def data_spec(args: argparse.Namespace):
+    """What the trainer reads: the --data-path blend (a string), or {"train", "valid", "test"} blends."""
+    if args.train_data_path:
+        return {k: " ".join(getattr(args, f"{k}_data_path") or []) or None for k in ("train", "valid", "test")}
+    return " ".join(args.data_path)
+
+
+def parse_split(split: str) -> list:
+    """'98,2,0' -> [98.0, 2.0, 0.0]; ValueError with what is wrong (Megatron's own error says NaN)."""
+    parts = [p.strip() for p in str(split).replace("/", ",").split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--split {split!r} must be up to three comma-separated numbers, e.g. 98,2,0") from None
+    if not 1 <= len(values) <= 3 or any(v < 0 or v != v for v in values) or sum(values) <= 0:
+        raise ValueError(f"--split {split!r} must be up to three non-negative numbers with a positive sum, "
+                         "e.g. 98,2,0")
+    return values + [0.0] * (3 - len(values))
+
+
+
+def _is_number(x: str) -> bool:
+    try:
+        float(x)
+        return True
+    except ValueError:
+        return False
+
+
+def eval_tasks_errors(args: argparse.Namespace) -> List[str]:
+    """What --eval-tasks and its companions refuse (checked before anything is built)."""
+    companions = [f"--{k.replace('_', '-')}" for k in ("eval_tasks_interval", "eval_tasks_limit",
+                                                       "eval_tasks_include_path", "eval_tasks_batch_size")
+                  if getattr(args, k)]
+    if not args.eval_tasks:
+        return [f"{', '.join(companions)} need --eval-tasks"] if companions else []
+    errors = []
+    if not [t for t in args.eval_tasks.split(",") if t.strip()]:
+        errors.append("--eval-tasks names no task: give comma-separated lm-eval task names")
+    for name in ("eval_tasks_interval", "eval_tasks_batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            errors.append(f"--{name.replace('_', '-')} must be >= 1")
+    if args.eval_tasks_limit is not None and args.eval_tasks_limit <= 0:
+        errors.append("--eval-tasks-limit must be > 0 (examples per task, or a fraction below 1)")
+    errors += [f"--eval-tasks-include-path {d} is not a folder" for d in args.eval_tasks_include_path
+               if not os.path.isdir(d)]
+    if args.pipeline_model_parallel_size > 1 or args.context_parallel_size > 1:
+        errors.append("--eval-tasks runs at PP1 and CP1 only (TP and DP are fine): score this run's checkpoints "
+                      "with tools/evaluate.py --checkpoint RUN instead")
+    if args.mock_data and not args.tokenizer_model:
+        errors.append("--eval-tasks with --mock-data needs --tokenizer-model (the tokenizer the tasks are read with)")
+    if importlib.util.find_spec("lm_eval") is None:
+        errors.append('--eval-tasks needs lm-eval: pip install "lm-eval[hf]==0.4.13"')
+    return errors
