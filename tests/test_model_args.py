@@ -21,7 +21,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from megatron_sat import compat
 from megatron_sat.archs import ARCHS
-from megatron_sat.compat.cpu import FAKE_BACKEND
+from megatron_sat.compat import FAKE_BACKEND
 from megatron_sat.model import args as model_args
 from megatron_sat.model.args import NAMES, RESUME_FIELDS, ModelArgs, chunk_parameters, from_record, record
 from megatron_sat.model.config import SATConfig, make_config

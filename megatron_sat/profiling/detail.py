@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from megatron_sat.compat import cpu
+from megatron_sat import compat
 from megatron_sat.training.step import run_forward_backward
 
 _LAYER = re.compile(r"(^|\.)layers\.\d+(\.|$)")
@@ -45,22 +45,6 @@ def torch_trace(out_dir: str, name: str, top: int = 40):
     key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     with open(os.path.join(out_dir, f"ops_{name}.txt"), "w") as f:
         f.write(prof.key_averages().table(sort_by=key, row_limit=top))
-
-
-def _drop_cached_torch_functions() -> None:
-    """Let megatron modules see DeepSpeed's wrapped torch.matmul/bmm/baddbmm/... (CPU mode only).
-
-    On CPU, megatron.core modules see `torch` through megatron_sat.compat's proxy, which caches every
-    attribute on first use; a function patched later (as the flops profiler patches torch.matmul)
-    would stay invisible. Dropping the entries that are plain copies of torch's current attributes
-    makes the next lookup fetch whatever torch holds now. Call before start and before end.
-    """
-    proxy = getattr(cpu, "_TORCH_PROXY", None)
-    if proxy is None:
-        return
-    for name, value in list(proxy.__dict__.items()):
-        if not name.startswith("__") and getattr(torch, name, None) is value:
-            del proxy.__dict__[name]
 
 
 def _matmul_flops(input, other, *, out=None):
@@ -84,7 +68,7 @@ def flops_profile(run, out_dir: str, tag: str, write: bool) -> dict:
     spec = run.spec
     container = torch.nn.ModuleList(run.inner)  # never called: only its children run
     prof = FlopsProfiler(container)
-    _drop_cached_torch_functions()
+    compat.forget_cached_torch_attributes()
     ds_matmul, ds._matmul_flops_compute = ds._matmul_flops_compute, _matmul_flops  # read when the patch is made
     try:
         prof.start_profile()
@@ -107,7 +91,7 @@ def flops_profile(run, out_dir: str, tag: str, write: bool) -> dict:
                 row["forward_ms"] += get_module_duration(module) * 1e3
         local = float(sum(get_module_flops(c) for c in run.inner))
     finally:
-        _drop_cached_torch_functions()
+        compat.forget_cached_torch_attributes()
         prof.end_profile()
     total = torch.tensor([local], dtype=torch.float64)
     torch.distributed.all_reduce(total)

@@ -43,7 +43,6 @@ from megatron.core import parallel_state
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from megatron_sat import compat
-from megatron_sat.compat.cpu import FAKE_BACKEND
 from megatron_sat.parallel.layout import destroy, initialize
 from megatron_sat.profiling.step_benchmark import SavedBytes
 from megatron_sat.training import planner  # looked up at call time: tests substitute a wrong planner figure
@@ -171,7 +170,7 @@ def _init_fake_world(world: int, rank: int) -> None:
     destroy()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    torch.distributed.init_process_group(FAKE_BACKEND, store=FakeStore(), rank=rank, world_size=world)
+    torch.distributed.init_process_group(compat.FAKE_BACKEND, store=FakeStore(), rank=rank, world_size=world)
 
 
 @contextmanager
