@@ -70,7 +70,10 @@ def trainer_args(options: argparse.Namespace) -> Tuple[argparse.Namespace, str]:
     # profile measures steps: the run's length, which the trainer requires, is one step here)
     flags = ["--config", config] if config else []
     if given is not None:
-        flags = [w for k, v in given.items() for w in (f"--{k.replace('_', '-')}", str(v))] + ["--train-iters", "1"]
+        # a size names no arch, which the trainer requires without a recipe: the transformer's arguments (each
+        # profiled arch then sets its own, as with a recipe)
+        flags = [w for k, v in given.items() for w in (f"--{k.replace('_', '-')}", str(v))] + [
+            "--train-iters", "1", "--arch", "transformer"]
     args = recipe_args(recipe, flags)  # ValueError for an unknown recipe, an unreadable config file, no shape
     if given is None:  # what the recipe and the config file set (the profiler's defaults fill the rest)
         given = recipe_defaults(args.recipe)
