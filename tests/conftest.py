@@ -41,3 +41,21 @@ def site(tmp_path_factory):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return dict(path=str(path), runs=str(runs), logs=str(logs), env=env, root=d)
+
+
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_variables_leak():
+    """A test that sets up a process group in the pytest process (a tool run in-process: parallel/process_group.py
+    init_from_env writes RANK/.../MASTER_PORT into os.environ) must not hand that world, and its port, to the
+    processes later tests start: the variables are restored after every test. Seen: every later single-process
+    trainer launch failed with EADDRINUSE on the one inherited MASTER_PORT."""
+    before = {k: os.environ.get(k) for k in _LAUNCHER_VARS}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
