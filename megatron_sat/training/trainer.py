@@ -473,28 +473,22 @@ class Loop:
     def _evaluate_test(self) -> Optional[float]:
         """The test split (--split's third share or --test-data-path), scored once at the end of training as
         Megatron-LM does; metrics.jsonl gets {"step", "test_loss", "test_ppl"}."""
-        it = self.test_iters()
+        return self._score(self.test_iters(), "test pass", self.monitor.log_test)
+
+    def _evaluate(self) -> Optional[float]:
+        return self._score(self.valid_iters(), "evaluation pass", self.monitor.log_eval)
+
+    def _score(self, it, what: str, log) -> Optional[float]:
+        """The mean loss of the evaluation passes over iterator `it` (None: no such split), logged with `log`."""
         if it is None:
             return None
-        progress = lambda i: self.watchdog.beat(f"test pass {i + 1} after step {self.iteration}")  # noqa: E731
+        progress = lambda i: self.watchdog.beat(f"{what} {i + 1} after step {self.iteration}")  # noqa: E731
         with self.gates.paused() if self.gates else contextlib.nullcontext():
             loss = evaluate(self.chunks, self.optimizer, self.setup.config, it, iterations=self.setup.eval_passes,
                             num_microbatches=self.setup.eval_micro, seq_length=self.args.seq_length,
                             micro_batch_size=self.args.micro_batch_size, progress=progress)
-        self.monitor.log_test(self.iteration, loss)
+        log(self.iteration, loss)
         return loss
-
-    def _evaluate(self) -> Optional[float]:
-        it = self.valid_iters()
-        if it is None:
-            return None
-        progress = lambda i: self.watchdog.beat(f"evaluation pass {i + 1} after step {self.iteration}")  # noqa: E731
-        with self.gates.paused() if self.gates else contextlib.nullcontext():
-            val_loss = evaluate(self.chunks, self.optimizer, self.setup.config, it, iterations=self.setup.eval_passes,
-                                num_microbatches=self.setup.eval_micro, seq_length=self.args.seq_length,
-                                micro_batch_size=self.args.micro_batch_size, progress=progress)
-        self.monitor.log_eval(self.iteration, val_loss)
-        return val_loss
 
     def _evaluate_tasks(self) -> None:
         """--eval-tasks: lm-eval tasks on the model as it is (a failing task is reported, training goes on)."""
