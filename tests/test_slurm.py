@@ -181,15 +181,14 @@ def test_a_sweep_requeued_past_the_recipes_steps_runs_to_its_own(cluster, site, 
     common = ["--save-interval", "25", "--log-interval", "1", "--eval-interval", "1000"]
     entries = {"config": ["--config", str(config), *common], "samples": ["--train-samples", "1200", *common]}
     jobs = {}
-    for key, flags in entries.items():
+    for key, flags in entries.items():  # one sweep at a time: the second must not finish while the first is watched
         proc = subprocess.run([sys.executable, "tools/submit_grid.py", "--archs", "transformer", "--scales", "debug",
                                "--sweep", f"long-{key}", "--submit", "--", *flags],
                               cwd=ROOT, env=cluster.env(site["env"]), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "_it150_" in proc.stdout, proc.stdout  # the table names the run by its own length
-        jobs[key] = re.search(r"submitted array job (\d+): 1 task", proc.stdout).group(1)
-    for key, flags in entries.items():
-        job, folder = jobs[key], run_dir(site, "debug_transformer", *flags, "--seed", "1234")
+        job = jobs[key] = re.search(r"submitted array job (\d+): 1 task", proc.stdout).group(1)
+        folder = run_dir(site, "debug_transformer", *flags, "--seed", "1234")
         log_path = f"{site['logs']}/msat-debug-{job}_0.out"
         deadline = time.time() + 600
         while time.time() < deadline:  # a checkpoint past the recipe's 20 steps, and training gone on
