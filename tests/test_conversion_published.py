@@ -6,9 +6,9 @@ Three launches (tests/workers/published.py): 1 rank makes tiny Qwen3ForCausalLM 
 transformers' own config classes at official shape ratios (head dim 16 != hidden 48 / 4 heads, 2 KV heads, untied
 embeddings, rope theta 5e5; Llama: no q/k norms, norm eps 1e-5), imports each as the Transformer and as a SATFormer
 (--arch satformer) and exports both back; 4 ranks train the Transformer imports 3 steps at TP2 x PP2; 1 rank
-exports the trained checkpoints. Real transformers models throughout, no mocks. Tolerances: the round trip is
-bit-identical; Megatron vs transformers logits relative max 1e-5 (fp32); the first TP2 x PP2 loss vs transformers'
-own loss on the same batch relative 1e-5.
+exports the trained checkpoints and each of the six archs at a published shape. Real transformers models
+throughout, no mocks. Tolerances: the round trip is bit-identical; Megatron vs transformers logits relative max
+1e-5 (fp32); the first TP2 x PP2 loss vs transformers' own loss on the same batch relative 1e-5.
 """
 
 import json
@@ -111,6 +111,15 @@ def test_tp2_pp2_training_from_the_import(built, name):
     trained = load_file(os.path.join(d, "HF_T3", "model.safetensors"))
     source = load_file(os.path.join(d, "hf", "model.safetensors"))
     assert not torch.equal(trained["lm_head.weight"], source["lm_head.weight"])
+
+
+def test_every_arch_takes_a_published_shape(built):
+    """All six archs build, export and load in transformers with a free head dim, GQA, untied embeddings, norm eps
+    1e-5, with and without q/k norms (no arch refuses these: SATFormer's gate and V1 are per KV head)."""
+    archs = built["exported"]["archs"]
+    assert len(archs) == 12
+    for case, (rel, round_trip) in archs.items():
+        assert rel <= REL and round_trip, (case, rel)
 
 
 def test_import_refusals(built, tmp_path):

@@ -65,10 +65,14 @@ from megatron_sat.training.step import build_optimizer, wrap_ddp
 # command's
 SHAPE_FLAGS = tuple(k for k in FLAGGED if k in RESUME_FIELDS) + ("rotary_base", "untie_embeddings_and_output_weights")
 # `--arch satformer` on a Transformer (Qwen3, Llama): a SATFormer that computes the Transformer's function, its gate
-# W_alpha zero; with a gate f(0) = 0 that is alpha = 0 and V' = V + 0 V1 = V in every layer
-GROWN_FLAGS = ("arch", "value_residual_gate", "value_residual_last_k")
+# W_alpha zero; with a gate f(0) = 0 that is alpha = 0 and V' = V + 0 V1 = V in every layer. It takes --arch and the
+# SATFormer's own switches (--value-residual-gate, --value-residual-last-k)
 IDENTITY_GATES = ("relu", "tanh", "identity")
 ADAM_STEP = 1e-30
+
+
+def _grown(dest: str) -> bool:
+    return dest == "arch" or dest.startswith("value_residual_")
 
 
 def trainer_args(spec, trainer_argv: List[str]):
@@ -83,7 +87,7 @@ def trainer_args(spec, trainer_argv: List[str]):
     if grow and (spec.arch, args.arch) != ("transformer", "satformer"):
         raise ConversionError(f"--arch {args.arch} on a {spec.arch} model: only a Transformer (Qwen3, Llama) can "
                               "start another arch (--arch satformer); drop --arch")
-    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and dest in GROWN_FLAGS))
+    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and _grown(dest)))
     if clash:
         raise ConversionError("the model's shape comes from the HF config; do not pass " + ", ".join(clash))
     if grow and args.value_residual_gate not in IDENTITY_GATES:

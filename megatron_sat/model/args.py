@@ -120,7 +120,7 @@ class ModelArgs:
     # published shapes (Qwen3: head dim 128 at hidden 1024 with 16 heads; Llama: no QK-norm, norm eps 1e-5). The head
     # dim is free for every arch: SATFormer's gate and V1 are per KV head ([s, b, ng, hn])
     kv_channels: Optional[int] = model_field(
-        None, flag="--kv-channels", megatron="--kv-channels", shape=True,
+        None, flag="--kv-channels", megatron="--kv-channels",
         help="head dim, independent of hidden / heads (default: --hidden-size / --num-attention-heads)")
     layernorm_epsilon: float = model_field(1e-6, flag="--norm-epsilon", megatron="--norm-epsilon",
                                            help="eps of the input, pre-MLP and final RMSNorms (Llama: 1e-5)")

@@ -104,8 +104,40 @@ def train(root: str) -> dict:
 
 
 def exports(root: str) -> dict:
+    """T3 -> HF_T3 (--verify), and every arch at a published shape (see all_archs)."""
     from megatron_sat.conversion import export_checkpoint
 
     quiet = lambda *a, **k: None  # noqa: E731
-    return {name: export_checkpoint(os.path.join(root, name, "T3"), os.path.join(root, name, "HF_T3"), verify=True,
-                                    log=quiet)["max_rel_diff"] for name in SOURCES}
+    out = {name: export_checkpoint(os.path.join(root, name, "T3"), os.path.join(root, name, "HF_T3"), verify=True,
+                                   log=quiet)["max_rel_diff"] for name in SOURCES}
+    return dict(out, archs=all_archs(os.path.join(root, "archs")))
+
+
+def all_archs(root: str) -> dict:
+    """Each of the six archs with head dim 16 != 48 / 4, GQA, untied, norm eps 1e-5, with and without q/k norms:
+    built by the converter (TP1), random weights, exported; {arch/qk: (relative max logit difference Megatron vs
+    transformers, HF -> Megatron gives the weights back)}."""
+    from megatron_sat.archs import ARCHS
+    from megatron_sat.conversion import hf_io, megatron_io
+    from megatron_sat.conversion.export import verify_export
+    from megatron_sat.conversion.mapping import ModelSpec, hf_config, hf_to_megatron, megatron_to_hf
+
+    out = {}
+    for arch in ARCHS:
+        for qk in (True, False):
+            spec = ModelSpec(arch=arch, num_layers=3, hidden_size=48, num_attention_heads=4, num_query_groups=2,
+                             kv_channels=16, ffn_hidden_size=96, vocab_size=VOCAB, max_position_embeddings=16,
+                             tied=False, qk_layernorm=qk, layernorm_epsilon=1e-5, rotary_base=500000)
+            _, chunks = megatron_io.make_model(spec, torch.float32)
+            g = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in chunks[0].parameters():
+                    p.add_(0.1 * torch.randn(p.shape, generator=g))
+            state = megatron_io.full_state(chunks[0])
+            weights = megatron_to_hf(state, spec)
+            path = hf_io.write_hf_folder(os.path.join(root, f"{arch}_{qk}"), spec, hf_config(spec, torch.float32),
+                                         weights)
+            back = hf_to_megatron(weights, spec)
+            out[f"{arch}/{qk}"] = (verify_export(chunks[0], path, spec), all(torch.equal(back[k], v)
+                                                                             for k, v in state.items()))
+    return out
