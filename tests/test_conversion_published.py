@@ -147,3 +147,15 @@ def test_import_refusals(built, tmp_path):
     json.dump(dict(cfg, rope_scaling=dict(rope_type="llama3", factor=8.0)), open(scaled / "config.json", "w"))
     refuse("rope_type 'llama3'", [], folder=str(scaled))
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_rotary_buffers_of_older_llama_files_are_dropped():
+    """Older Llama conversions store each layer's rotary_emb.inv_freq (a buffer RoPE recomputes): not a weight."""
+    from megatron_sat.conversion.mapping import ModelSpec, hf_shapes, hf_to_megatron, megatron_shapes
+
+    spec = ModelSpec(arch="transformer", num_layers=2, hidden_size=48, num_attention_heads=4, num_query_groups=2,
+                     kv_channels=16, ffn_hidden_size=96, vocab_size=VOCAB, max_position_embeddings=SEQ, tied=False,
+                     qk_layernorm=False)
+    state = {k: torch.randn(s) for k, s in hf_shapes(spec).items()}
+    state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    assert {k: tuple(v.shape) for k, v in hf_to_megatron(state, spec).items()} == megatron_shapes(spec)

@@ -406,7 +406,7 @@ def megatron_to_hf(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str,
 
 def hf_to_megatron(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str, torch.Tensor]:
     """HF tensors -> full Megatron tensors (TP1/PP1 names); inverse of megatron_to_hf."""
-    state = dict(state)
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # older Llama files' buffers
     if spec.tied:
         state.pop("lm_head.weight", None)  # some writers save the tied copy too
     check_shapes(state, hf_shapes(spec), "the Hugging Face weights")
