@@ -1,14 +1,14 @@
 """Official Qwen3 and Llama folders into the Transformer baseline and into SATFormer (convert-from-hf).
 
-    pytest -q tests/test_conversion_published.py          # about 1.5 minutes on 2 cores
+    pytest -q tests/test_conversion_published.py          # about 1 minute on 2 cores
 
 Three launches (tests/workers/published.py): 1 rank makes tiny Qwen3ForCausalLM and LlamaForCausalLM folders with
 transformers' own config classes at official shape ratios (head dim 16 != hidden 48 / 4 heads, 2 KV heads, untied
 embeddings, rope theta 5e5; Llama: no q/k norms, norm eps 1e-5), imports each as the Transformer and as a SATFormer
-(--arch satformer) and exports both back; 4 ranks train the Transformer imports 3 steps at TP2 x PP2; 1 rank
-exports the trained checkpoints and each of the six archs at a published shape. Real transformers models
-throughout, no mocks. Tolerances: the round trip is bit-identical; Megatron vs transformers logits relative max
-1e-5 (fp32); the first TP2 x PP2 loss vs transformers' own loss on the same batch relative 1e-5.
+(--arch satformer) and exports both back; 4 ranks train the Transformer imports and Qwen3's SATFormer 3 steps at
+TP2 x PP2; 1 rank exports the trained checkpoints and each of the six archs at a published shape. Real
+transformers models throughout, no mocks. Tolerances: the round trip is bit-identical; Megatron vs transformers
+logits relative max 1e-5 (fp32); the first TP2 x PP2 loss vs transformers' own loss on the same batch relative 1e-5.
 """
 
 import json
@@ -93,24 +93,44 @@ def test_tp2_pp2_training_from_the_import(built, name):
     """The import trains at TP2 x PP2: its first loss is transformers' own on the same batch, the loss falls over
     3 steps, and the trained checkpoint exports to a model whose logits equal Megatron's."""
     d = os.path.join(built["root"], name)
-    runs = [r[name] for r in built["trained"]]
-    losses = [r["losses"] for r in runs if r["losses"][0] is not None]
-    assert losses and all(x == losses[0] for x in losses)
-    first, *later = losses[0]
-    assert later[0] < first and later[1] < later[0]
-    assert {(r["head_dim"], r["qk_layernorm"], r["untied"], r["rotary_base"]) for r in runs} == {
-        (16, name == "qwen3", True, 500000)}
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "hf"), dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(5)  # the worker's batch (tests/workers/conversion.py _step): 2 micro-batches
-    data = torch.cat([torch.randint(0, VOCAB, (1, SEQ + 1), generator=g) for _ in range(2)])
-    with torch.no_grad():
-        logits = model(data[:, :-1]).logits
-    theirs = F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1)).item()
+    first = _trained(built, name, dict(arch="transformer", head_dim=16, qk_layernorm=name == "qwen3", untied=True,
+                                       rotary_base=500000, fused_gate=False))
+    theirs = _source_loss(d)
     assert abs(first - theirs) <= REL * theirs, (first, theirs)
     assert built["exported"][name] <= REL
     trained = load_file(os.path.join(d, "HF_T3", "model.safetensors"))
     source = load_file(os.path.join(d, "hf", "model.safetensors"))
     assert not torch.equal(trained["lm_head.weight"], source["lm_head.weight"])
+
+
+def test_satformer_from_qwen3_trains_at_tp2_pp2(built):
+    """The SATFormer started from Qwen3, at TP2 x PP2 (its gate fused into linear_qkv, V1 [s, b, 2, 16] on the
+    pipeline message next to hidden 48): its first loss is the source Transformer's, and it trains."""
+    first = _trained(built, "qwen3/S", dict(arch="satformer", head_dim=16, qk_layernorm=True, untied=True,
+                                            rotary_base=500000, fused_gate=True))
+    theirs = _source_loss(os.path.join(built["root"], "qwen3"))
+    assert abs(first - theirs) <= REL * theirs, (first, theirs)
+
+
+def _trained(built, key, facts) -> float:
+    """The first of the 3 losses of run `key` (equal on every rank that has it, falling), after checking `facts`."""
+    runs = [r[key] for r in built["trained"]]
+    losses = [r["losses"] for r in runs if r["losses"][0] is not None]
+    assert losses and all(x == losses[0] for x in losses)
+    first, *later = losses[0]
+    assert later[0] < first and later[1] < later[0]
+    assert all({k: r[k] for k in facts} == facts for r in runs)
+    return first
+
+
+def _source_loss(d) -> float:
+    """transformers' own loss of the source folder on the worker's batch (tests/workers/conversion.py _step)."""
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "hf"), dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(5)  # 2 micro-batches of 1 x (SEQ + 1) tokens
+    data = torch.cat([torch.randint(0, VOCAB, (1, SEQ + 1), generator=g) for _ in range(2)])
+    with torch.no_grad():
+        logits = model(data[:, :-1]).logits
+    return F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1)).item()
 
 
 def test_every_arch_takes_a_published_shape(built):

@@ -4,7 +4,8 @@
                     dim, GQA, untied embeddings, rope theta 5e5; Llama without q/k norms and eps 1e-5), their
                     logits; each imported as the Transformer (T, for TP2 x PP2) and as a SATFormer (S, --arch
                     satformer), and both exported back (HF_T, HF_S).
-    train(root)     4 ranks, TP2 x PP2: T loaded from its config.json with the trainer's parts, 3 steps, saved as T3.
+    train(root)     4 ranks, TP2 x PP2: T (and qwen3's S) loaded from its config.json with the trainer's parts,
+                    3 steps; T saved as T3.
     exports(root)   1 rank: T3 -> HF_T3 with --verify (Megatron vs transformers on the trained weights).
 
 Folder layout under root: tok/, {name}/{hf,T,S,HF_T,HF_S,T3,HF_T3} for name in SOURCES.
@@ -83,9 +84,9 @@ def train(root: str) -> dict:
     from megatron_sat.training.setup import model_config, precision_and_layout
 
     out = {}
-    for name in SOURCES:
+    for name, run in [(name, "T") for name in SOURCES] + [("qwen3", "S")]:  # S: fused gate, V1 over the pipeline
         d = os.path.join(root, name)
-        args = parse_args(["--config", os.path.join(d, "T", "config.json"), "--tensor-model-parallel-size", "2",
+        args = parse_args(["--config", os.path.join(d, run, "config.json"), "--tensor-model-parallel-size", "2",
                            "--pipeline-model-parallel-size", "2"])
         layout = precision_and_layout(args).layout
         config = model_config(args, layout)
@@ -93,13 +94,15 @@ def train(root: str) -> dict:
         chunks = build_model(config, vocab_size=VOCAB, max_sequence_length=SEQ, rotary_base=args.rotary_base,
                              share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights)
         chunks, opt, sched = _wrap(config, chunks, args)
-        loaded = load_checkpoint(os.path.join(d, "T"), chunks, opt, sched)
+        loaded = load_checkpoint(os.path.join(d, run), chunks, opt, sched)
         losses = [_step(chunks, opt, config, num_micro=2).loss for _ in range(3)]
-        save_checkpoint(os.path.join(d, "T3"), loaded["iteration"] + 3, chunks, opt, sched, consumed_samples=6,
-                        args=vars(args))
-        out[name] = dict(losses=losses, head_dim=config.kv_channels, qk_layernorm=config.qk_layernorm,
-                         eps=config.layernorm_epsilon, untied=not chunks[0].module.share_embeddings_and_output_weights,
-                         rotary_base=args.rotary_base)
+        if run == "T":
+            save_checkpoint(os.path.join(d, "T3"), loaded["iteration"] + 3, chunks, opt, sched, consumed_samples=6,
+                            args=vars(args))
+        out[name if run == "T" else f"{name}/{run}"] = dict(
+            losses=losses, head_dim=config.kv_channels, qk_layernorm=config.qk_layernorm, arch=config.arch,
+            fused_gate=config.arch == "satformer" and config.fused_value_residual_gate, rotary_base=args.rotary_base,
+            untied=not chunks[0].module.share_embeddings_and_output_weights)
     return out
 
 
