@@ -325,11 +325,11 @@ def test_import_refusals(built, tmp_path):
             import_hf(str(hf), str(save or tmp_path / "out"), list(argv), log=quiet)
 
     refuse(tmp_path / "nothing", "not a folder")
-    wrong = tmp_path / "llama"
+    wrong = tmp_path / "gemma"
     shutil.copytree(os.path.join(root, "transformer", "HF_A"), wrong)
     cfg = json.load(open(wrong / "config.json"))
-    json.dump(dict(cfg, model_type="llama"), open(wrong / "config.json", "w"))
-    refuse(wrong, "model_type 'llama' cannot be imported")
+    json.dump(dict(cfg, model_type="gemma"), open(wrong / "config.json", "w"))
+    refuse(wrong, "model_type 'gemma' cannot be imported")
     json.dump(dict(cfg, num_key_value_heads=4), open(wrong / "config.json", "w"))
     refuse(wrong, "wrong shape")
     json.dump(dict(cfg, attention_bias=True), open(wrong / "config.json", "w"))

@@ -109,7 +109,8 @@ def _problems(err: str) -> list:
     ("--normalization", "LayerNorm", "--normalization LayerNorm conflicts with --arch transformer: every norm here is RMSNorm"),
     ("--position-embedding-type", "learned_absolute", "--position-embedding-type learned_absolute conflicts"),
     ("--hidden-dropout", "0.1", "--hidden-dropout 0.1 conflicts with --arch transformer"),
-    ("--kv-channels", "32", "--kv-channels 32 conflicts with --arch transformer: the head size here is"),
+    ("--kv-channels", "0", "--kv-channels must be >= 1 (got 0)"),
+    ("--norm-epsilon", "0", "--norm-epsilon must be > 0 (got 0.0)"),
     ("--max-position-embeddings", "16", "--max-position-embeddings 16 is below --seq-length 32"),
     ("--vocab-file", "gpt2-vocab.json", "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here"),
 ])
@@ -125,6 +126,23 @@ def test_the_script_parses_with_matching_model_flags(tmp_path):
     assert (args.num_workers, args.mmap_bin_files, args.overlap_param_gather, args.sequence_parallel) == (1, False, True,
                                                                                                           False)
     assert args.init_method_std == 0.0134 and args.untie_embeddings_and_output_weights
+    assert args.kv_channels == 16 and args.qk_layernorm  # Megatron-LM's --kv-channels: a real flag; QK-norm stays on
+
+
+def test_published_shape_flags(tmp_path):
+    """--kv-channels free of hidden / heads, --no-qk-layernorm (Llama), --qk-layernorm (Megatron-LM's spelling: the
+    default), --norm-epsilon reach the model the trainer builds."""
+    from megatron_sat.model.args import model_args
+    from megatron_sat.training.setup import model_config
+
+    args = parse_args([*llama(tmp_path), "--kv-channels", "32", "--no-qk-layernorm", "--norm-epsilon", "1e-5"])
+    config = model_config(args)
+    assert (config.kv_channels, config.qk_layernorm, config.layernorm_epsilon) == (32, False, 1e-5)
+    assert model_args(parse_args([*llama(tmp_path), "--qk-layernorm"])).qk_layernorm
+    # in a config file under the flag's name; a record from before it was a model flag (norm_epsilon: null) reads
+    for text, eps in (("norm-epsilon: 1.0e-5", 1e-5), ("norm_epsilon: null", 1e-6)):
+        (tmp_path / "c.yaml").write_text(text + "\n")
+        assert parse_args([*llama(tmp_path), "--config", str(tmp_path / "c.yaml")]).layernorm_epsilon == eps
 
 
 def test_without_arch_recipe_or_config_the_trainer_asks_for_arch(tmp_path, capsys):

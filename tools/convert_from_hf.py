@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Import a Hugging Face folder (any of the six archs in the SATFormer authors' formats, or Qwen3) as a checkpoint
-that the trainer resumes from, at any TP/PP layout.
+"""Import a Hugging Face folder (any of the six archs in the SATFormer authors' formats, or an official Qwen3 or
+Llama checkpoint) as a checkpoint that the trainer resumes from, at any TP/PP layout.
 
     python tools/convert_from_hf.py --hf hf/satformer --save runs/sat-import \\
         --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000
@@ -8,7 +8,8 @@ that the trainer resumes from, at any TP/PP layout.
         --load runs/sat-import --save runs/sat-more --data-path DATA ...   # the import's shape and schedule
 
 Flags other than --hf, --save and --overwrite are the trainer's (python -m megatron_sat.train
---help): layout, LR schedule and optimizer; the model's shape comes from the HF config. Writes
+--help): layout, LR schedule and optimizer; the model's shape comes from the HF config. On a Qwen3 or
+Llama folder, --arch satformer starts a SATFormer whose zero gate computes the Transformer's function. Writes
 SAVE/iter_0000000 (weights, fresh optimizer, LR schedule, arguments) and points
 SAVE/latest_checkpointed_iteration.txt at it; details in megatron_sat/conversion/importer.py.
 Exit codes: 0 done, 2 bad input.

@@ -95,8 +95,9 @@ def save_safetensors(state: Dict[str, torch.Tensor], folder: Path, max_shard_byt
 
 def write_remote_code(spec: ModelSpec, folder: Path) -> None:
     """configuration_<arch>.py and modeling_<arch>.py (Transformer: modeling_transformer.py, Qwen3 subclasses)."""
-    if spec.arch == "transformer":
-        (folder / "modeling_transformer.py").write_text((HF_CODE / "modeling_qwen3_qknorm.py").read_text())
+    if spec.arch == "transformer":  # without q/k norms: transformers' own LlamaForCausalLM, no code to ship
+        if spec.qk_layernorm:
+            (folder / "modeling_transformer.py").write_text((HF_CODE / "modeling_qwen3_qknorm.py").read_text())
         return
     if spec.arch not in HF_CLASSES:
         return

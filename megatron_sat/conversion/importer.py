@@ -7,8 +7,12 @@
         --data-path DATA --tokenizer-model runs/sat-import/tokenizer
 
 Every flag after --hf/--save is a trainer flag (megatron_sat/training/arguments.py); the model's
-shape (arch, sizes, gate, last-k, lambdas, rotary base) comes from the HF config and must not be
-given. SAVE is locked as the trainer locks a run folder (megatron_sat/training/run_lock.py).
+shape (arch, sizes, head dim, q/k norms, norm eps, gate, last-k, lambdas, rotary base, tying) comes
+from the HF config and must not be given. Official Qwen3 (Qwen3ForCausalLM) and Llama (LlamaForCausalLM:
+--no-qk-layernorm, its norm eps) folders import as the Transformer; with `--arch satformer` (and
+optionally --value-residual-gate relu|tanh|identity, --value-residual-last-k) one starts a SATFormer whose
+W_alpha is zero, which computes exactly the Transformer's function (V' = V + f(0) V1 = V).
+SAVE is locked as the trainer locks a run folder (megatron_sat/training/run_lock.py).
 What is written (megatron_sat.training.checkpointing's format):
 
   SAVE/iter_0000000/                      model weights, a fresh optimizer, the LR schedule the
@@ -29,6 +33,7 @@ layout the trainer runs at, and the layout flags given here are validated agains
 recorded. With --bf16 the weights are rounded to bfloat16 and the fp32 master copy starts from them.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -39,7 +44,13 @@ from megatron.core.transformer.module import Float16Module
 from transformers import AutoTokenizer
 
 from megatron_sat.conversion import hf_io, megatron_io
-from megatron_sat.conversion.mapping import ConversionError, hf_to_megatron, spec_from_hf_config
+from megatron_sat.conversion.mapping import (
+    ConversionError,
+    check_shapes,
+    hf_to_megatron,
+    megatron_shapes,
+    spec_from_hf_config,
+)
 from megatron_sat.model.args import FLAGGED, RESUME_FIELDS, model_args, record
 from megatron_sat.outputs import check_output
 from megatron_sat.parallel.layout import validate
@@ -49,40 +60,66 @@ from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
 from megatron_sat.training.setup import precision_and_layout, scheduler
 from megatron_sat.training.step import build_optimizer, wrap_ddp
 
-# the flags the HF config gives: the model flags that must match on resume (model/args.py) and the rotary base; the
-# others (the gate's implementation, the output layers' init, the local core attention) are the import command's
-SHAPE_FLAGS = tuple(k for k in FLAGGED if k in RESUME_FIELDS) + ("rotary_base",)
+# the flags the HF config gives: the model flags that must match on resume (model/args.py), the rotary base and the
+# tying; the others (the gate's implementation, the output layers' init, the local core attention) are the import
+# command's
+SHAPE_FLAGS = tuple(k for k in FLAGGED if k in RESUME_FIELDS) + ("rotary_base", "untie_embeddings_and_output_weights")
+# `--arch satformer` on a Transformer (Qwen3, Llama): a SATFormer that computes the Transformer's function, its gate
+# W_alpha zero; with a gate f(0) = 0 that is alpha = 0 and V' = V + 0 V1 = V in every layer. It takes --arch and the
+# SATFormer's own switches (--value-residual-gate, --value-residual-last-k)
+IDENTITY_GATES = ("relu", "tanh", "identity")
 ADAM_STEP = 1e-30
 
 
+def _grown(dest: str) -> bool:
+    return dest == "arch" or dest.startswith("value_residual_")
+
+
 def trainer_args(spec, trainer_argv: List[str]):
-    """The trainer's argument namespace: its defaults, the given flags, and the model's shape."""
+    """(the trainer's argument namespace: its defaults, the given flags and the model's shape; the ModelSpec to
+    write: `spec`, or its SATFormer under `--arch satformer`)."""
     parser = build_parser()
     passed = {(a.dest, opt) for a in parser._actions for opt in a.option_strings
               if any(x == opt or x.startswith(opt + "=") for x in trainer_argv)}
     given = {dest for dest, _ in passed}
-    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS)
+    args = parser.parse_args(trainer_argv)
+    grow = "arch" in given and args.arch != spec.arch
+    if grow and (spec.arch, args.arch) != ("transformer", "satformer"):
+        raise ConversionError(f"--arch {args.arch} on a {spec.arch} model: only a Transformer (Qwen3, Llama) can "
+                              "start another arch (--arch satformer); drop --arch")
+    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and _grown(dest)))
     if clash:
         raise ConversionError("the model's shape comes from the HF config; do not pass " + ", ".join(clash))
-    args = parser.parse_args(trainer_argv)
-    if spec.kv_channels * spec.num_attention_heads != spec.hidden_size:
-        raise ConversionError(f"head_dim {spec.kv_channels} != hidden_size / heads: the trainer cannot build it")
-    if abs(spec.layernorm_epsilon - 1e-6) > 1e-12:
-        raise ConversionError(f"RMSNorm eps {spec.layernorm_epsilon}: the trainer's models use 1e-6")
-    if not spec.tied:
-        raise ConversionError("untied input and output embeddings: the trainer's models tie them")
+    if grow and args.value_residual_gate not in IDENTITY_GATES:
+        raise ConversionError(f"--value-residual-gate {args.value_residual_gate} is not 0 at 0, so a zero W_alpha "
+                              f"would change the Transformer's function: use one of {', '.join(IDENTITY_GATES)}")
+    if grow:
+        spec = dataclasses.replace(spec, arch=args.arch, value_residual_gate=args.value_residual_gate,
+                                   value_residual_last_k=args.value_residual_last_k)
     if float(spec.rotary_base) != int(spec.rotary_base):
         raise ConversionError(f"rope theta {spec.rotary_base} is not an integer (--rotary-base is)")
-    for name in SHAPE_FLAGS[:-1]:  # the model as flags: the trainer builds the rest (ModelArgs' fixed fields) itself
+    for name in SHAPE_FLAGS[:-2]:  # the model as flags: the trainer builds the rest (ModelArgs' fixed fields) itself
         setattr(args, name, getattr(spec, name))
     built = record(model_args(args))
     fixed = [f"{k} {getattr(spec, k)!r}" for k in RESUME_FIELDS if built[k] != getattr(spec, k)]
     if fixed:
         raise ConversionError(f"this model has {', '.join(fixed)}, which the trainer's models do not have")
     args.rotary_base = int(spec.rotary_base)
+    args.untie_embeddings_and_output_weights = not spec.tied
     if "seq_length" not in given:
         args.seq_length = spec.max_position_embeddings
-    return args
+    return args, spec
+
+
+def identity_gates(weights: dict, spec) -> dict:
+    """A Transformer's Megatron weights plus the zero W_alpha [ng, h] of every layer that mixes V1 (`spec`: the
+    SATFormer), checked against the SATFormer's names and shapes."""
+    like = weights["embedding.word_embeddings.weight"]
+    gates = {f"decoder.layers.{n - 1}.self_attention.value_residual_gate.weight":
+             torch.zeros(spec.num_query_groups, spec.hidden_size, dtype=like.dtype) for n in spec.mixing_layers}
+    weights = dict(weights, **gates)
+    check_shapes(weights, megatron_shapes(spec), f"the {spec.arch} started from the Transformer")
+    return weights
 
 
 def resolve_resformer_lambdas(spec, state: dict) -> None:
@@ -105,11 +142,13 @@ def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, 
     except ValueError as e:
         raise ConversionError(str(e)) from None
     cfg = hf_io.read_hf_config(hf_dir)
-    spec = spec_from_hf_config(cfg)
+    source = spec_from_hf_config(cfg)
     state = hf_io.read_hf_weights(hf_dir)
-    resolve_resformer_lambdas(spec, state)
-    weights = hf_to_megatron(state, spec)  # checks names and shapes first
-    args = trainer_args(spec, list(trainer_argv or []))
+    resolve_resformer_lambdas(source, state)
+    weights = hf_to_megatron(state, source)  # checks names and shapes first
+    args, spec = trainer_args(source, list(trainer_argv or []))  # spec: source, or the SATFormer it starts
+    if spec.arch != source.arch:
+        weights = identity_gates(weights, spec)
     save = os.path.abspath(save)
     if os.path.exists(os.path.join(save, ckpt.TRACKER)) and not overwrite:
         raise ConversionError(f"{save} already holds a checkpoint (pass --overwrite to replace it)")

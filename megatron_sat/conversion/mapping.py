@@ -64,9 +64,6 @@ class ModelSpec(ModelArgs):
         if self.num_attention_heads % self.num_query_groups:
             raise ConversionError(f"{self.num_attention_heads} attention heads are not a multiple of "
                                   f"{self.num_query_groups} KV heads")
-        if self.arch != "transformer" and self.kv_channels * self.num_attention_heads != self.hidden_size:
-            raise ConversionError(f"{self.arch} exports need head_dim = hidden_size / heads "
-                                  f"({self.hidden_size}/{self.num_attention_heads}), got kv_channels={self.kv_channels}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,6 +76,19 @@ class ModelSpec(ModelArgs):
 def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None) -> dict:
     """config.json contents for the export of `spec`."""
     dtype_name = str(dtype).replace("torch.", "")
+    if spec.arch == "transformer" and not spec.qk_layernorm:  # no q/k norms: transformers' own Llama, no remote code
+        return dict(
+            architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=spec.vocab_size,
+            hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
+            num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_query_groups, head_dim=spec.kv_channels, hidden_act="silu",
+            max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.init_method_std,
+            rms_norm_eps=spec.layernorm_epsilon, use_cache=True, tie_word_embeddings=spec.tied,
+            rope_theta=float(spec.rotary_base), rope_scaling=None,
+            rope_parameters=dict(rope_type="default", rope_theta=float(spec.rotary_base)),
+            attention_bias=False, attention_dropout=0.0, mlp_bias=False, pretraining_tp=1,
+            bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, dtype=dtype_name,
+        )
     if spec.arch == "transformer":
         return dict(
             architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=spec.vocab_size,
@@ -101,7 +111,8 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
         auto_map={"AutoConfig": f"configuration_{spec.arch}.{name}Config",
                   "AutoModelForCausalLM": f"modeling_{spec.arch}.{name}ForCausalLM"},
         hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers, num_heads=spec.num_attention_heads,
-        num_kv_heads=spec.num_query_groups, qkv_bias=False, qk_norm=True, window_size=None,
+        num_kv_heads=spec.num_query_groups, head_dim=spec.kv_channels, qkv_bias=False, qk_norm=spec.qk_layernorm,
+        window_size=None,
         rope_theta=float(spec.rotary_base), max_position_embeddings=spec.max_position_embeddings,
         hidden_ratio=spec.ffn_hidden_size // spec.hidden_size if spec.ffn_hidden_size % spec.hidden_size == 0
         else spec.ffn_hidden_size / spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
@@ -130,7 +141,8 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
 
 
 def spec_from_hf_config(cfg: dict) -> ModelSpec:
-    """The ModelSpec of an HF config.json (ours, the SATFormer authors', or a Qwen3 model we can hold)."""
+    """The ModelSpec of an HF config.json (ours, the SATFormer authors', or a Qwen3 or Llama model we can hold:
+    free head dim, GQA, untied embeddings, any rope theta; Llama has no q/k norms)."""
     mt = cfg.get("model_type")
     errors = []
 
@@ -138,11 +150,14 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         if not cond:
             errors.append(msg)
 
-    if mt == "qwen3":
-        rope = cfg.get("rope_parameters") or {}
+    if mt in ("qwen3", "llama"):
+        rope, scaling = cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}  # transformers 5, 4
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        need(rope.get("rope_type", "default") == "default", f"rope_type {rope.get('rope_type')!r} (need 'default')")
+        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+        need(kind == "default", f"rope_type {kind!r} (need 'default': rope scaling is not built here)")
         need(not cfg.get("attention_bias", False), "attention_bias=True (Megatron model has no biases)")
+        need(not cfg.get("mlp_bias", False), "mlp_bias=True (Megatron model has no biases)")
+        need(cfg.get("pretraining_tp", 1) == 1, f"pretraining_tp {cfg.get('pretraining_tp')} (need 1)")
         need(not cfg.get("use_sliding_window", False), "sliding-window attention")
         need(cfg.get("hidden_act", "silu") == "silu", f"hidden_act {cfg.get('hidden_act')!r} (need silu)")
         kw = dict(arch="transformer", num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
@@ -151,8 +166,8 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
                   ffn_hidden_size=cfg["intermediate_size"],
                   kv_channels=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
                   rotary_base=theta, layernorm_epsilon=cfg.get("rms_norm_eps", 1e-6),
-                  # native Qwen3 normalises q/k with rms_norm_eps
-                  qk_norm_eps=cfg.get("qk_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
+                  # native Qwen3 normalises q/k with rms_norm_eps; Llama has no q/k norms
+                  qk_norm_eps=cfg.get("qk_norm_eps", cfg.get("rms_norm_eps", 1e-6)), qk_layernorm=mt == "qwen3",
                   tied=cfg.get("tie_word_embeddings", False))
     elif mt in HF_MODEL_TYPES.values():
         if mt in ("SATFormer", "ResFormer"):
@@ -166,7 +181,6 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         else:
             need(cfg.get("num_ways", 4) == 4, f"num_ways {cfg.get('num_ways')} (the Megatron model has 4)")
             need(cfg.get("use_pre_post_da_norm", True), "use_pre_post_da_norm=False")
-        need(cfg.get("qk_norm", False), "qk_norm=False (the Megatron model always normalises q and k)")
         need(not cfg.get("qkv_bias", False), "qkv_bias=True (the Megatron model has no biases)")
         need(not cfg.get("value_residual_proj_bias", False), "value_residual_proj_bias=True")
         need(cfg.get("window_size") is None, "window_size (sliding-window attention)")
@@ -176,7 +190,9 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         arch = {v: k for k, v in HF_MODEL_TYPES.items()}[mt]
         kw = dict(arch=arch, num_layers=cfg["num_hidden_layers"], hidden_size=h,
                   num_attention_heads=cfg["num_heads"], num_query_groups=cfg.get("num_kv_heads") or cfg["num_heads"],
-                  ffn_hidden_size=ffn, kv_channels=h // cfg["num_heads"], rotary_base=cfg.get("rope_theta", 1e4),
+                  ffn_hidden_size=ffn, kv_channels=cfg.get("head_dim") or h // cfg["num_heads"],
+                  rotary_base=cfg.get("rope_theta", 1e4),
+                  qk_layernorm=bool(cfg.get("qk_norm", mt in ("SATFormer", "ResFormer"))),  # the classes' defaults
                   layernorm_epsilon=cfg.get("norm_eps", 1e-6), value_residual_last_k=cfg.get("value_residual_last_k"),
                   qk_norm_eps=cfg.get("qk_norm_eps", 1e-5),  # the authors' configs have none: fla's default 1e-5
                   tied=cfg.get("tie_word_embeddings", False))
@@ -190,7 +206,7 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
                       muddformer_param_realloc=cfg.get("param_realloc", True))
     else:
         raise ConversionError(f"model_type {mt!r} cannot be imported: expected one of "
-                              + ", ".join(repr(t) for t in HF_MODEL_TYPES.values()))
+                              + ", ".join(repr(t) for t in (*HF_MODEL_TYPES.values(), "llama")))
     if errors:
         raise ConversionError(f"this {mt} model has features the Megatron model does not: " + "; ".join(errors))
     return ModelSpec(vocab_size=cfg["vocab_size"], max_position_embeddings=cfg.get("max_position_embeddings", 4096),
@@ -206,7 +222,8 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
 # model.layers.{i}.). {emb}, {attn}, {ln1}, {ln2}: the arch's HF module names (_hf_names). Shapes in the dims of
 # weight_table: h hidden, hn head dim, q = nq hn, kv = ng hn, qkv = (nq + 2 ng) hn, ng KV heads, f the layer's
 # FFN width, V vocabulary, L-1 layers after the first; digits as written.
-# Which: 'all', 'untied' (no tied output layer), ARCH, or 'ARCH mixing' (the layers that mix V1). A fixed ResFormer
+# Which: 'all', 'untied' (no tied output layer), 'qk_layernorm' (q/k norms on), ARCH, or 'ARCH mixing' (the layers
+# that mix V1). A fixed ResFormer
 # stores no lambdas: its 'resformer' tensors are HF-only (the export writes lambda1 = 0.5, the import drops them).
 # The two transforms join several HF tensors into one Megatron tensor, in table order: 'qkv' (per KV group its q
 # heads, k and v: Megatron's fused layout) and 'fc1' ([gate; up]); every other tensor moves as it is, reshaped.
@@ -222,8 +239,8 @@ LAYER_WEIGHTS = (
     ("self_attention.linear_qkv.weight", "{attn}.q_proj.weight", "qkv h", "q h", "qkv", "all"),
     ("self_attention.linear_qkv.weight", "{attn}.k_proj.weight", "qkv h", "kv h", "qkv", "all"),
     ("self_attention.linear_qkv.weight", "{attn}.v_proj.weight", "qkv h", "kv h", "qkv", "all"),
-    ("self_attention.q_layernorm.weight", "{attn}.q_norm.weight", "hn", "hn", None, "all"),
-    ("self_attention.k_layernorm.weight", "{attn}.k_norm.weight", "hn", "hn", None, "all"),
+    ("self_attention.q_layernorm.weight", "{attn}.q_norm.weight", "hn", "hn", None, "qk_layernorm"),
+    ("self_attention.k_layernorm.weight", "{attn}.k_norm.weight", "hn", "hn", None, "qk_layernorm"),
     ("self_attention.linear_proj.weight", "{attn}.o_proj.weight", "h q", "h q", None, "all"),
     ("pre_mlp_layernorm.weight", "{ln2}.weight", "h", "h", None, "all"),
     ("mlp.linear_fc1.weight", "mlp.gate_proj.weight", "2f h", "f h", "fc1", "all"),
@@ -259,8 +276,8 @@ JOIN = {"qkv": _join_qkv, "fc1": lambda parts, spec: torch.cat(parts)}
 
 def _has(which: str, spec: ModelSpec, layer: Optional[int] = None) -> bool:
     """Whether a table row's tensor is in this model (`which` as in the table; layer 1-based)."""
-    if which in ("all", "untied"):
-        return which == "all" or not spec.tied
+    if which in ("all", "untied", "qk_layernorm"):
+        return which == "all" or (not spec.tied if which == "untied" else spec.qk_layernorm)
     arch, _, mixing = which.partition(" ")
     return spec.arch == arch and (not mixing or layer in spec.mixing_layers)
 
@@ -389,7 +406,7 @@ def megatron_to_hf(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str,
 
 def hf_to_megatron(state: Dict[str, torch.Tensor], spec: ModelSpec) -> Dict[str, torch.Tensor]:
     """HF tensors -> full Megatron tensors (TP1/PP1 names); inverse of megatron_to_hf."""
-    state = dict(state)
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # older Llama files' buffers
     if spec.tied:
         state.pop("lm_head.weight", None)  # some writers save the tied copy too
     check_shapes(state, hf_shapes(spec), "the Hugging Face weights")

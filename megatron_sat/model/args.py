@@ -117,11 +117,20 @@ class ModelArgs:
         "sdpa", flag="--local-attention", choices=LOCAL_ATTENTION, resume=False,
         help="core attention of the local implementation: sdpa = torch's scaled_dot_product_attention (flash "
              "kernels on GPUs), dot_product = Megatron's DotProductAttention (materialises the s x s scores)")
+    # published shapes (Qwen3: head dim 128 at hidden 1024 with 16 heads; Llama: no QK-norm, norm eps 1e-5). The head
+    # dim is free for every arch: SATFormer's gate and V1 are per KV head ([s, b, ng, hn])
+    kv_channels: Optional[int] = model_field(
+        None, flag="--kv-channels", megatron="--kv-channels",
+        help="head dim, independent of hidden / heads (default: --hidden-size / --num-attention-heads)")
+    layernorm_epsilon: float = model_field(1e-6, flag="--norm-epsilon", megatron="--norm-epsilon",
+                                           help="eps of the input, pre-MLP and final RMSNorms (Llama: 1e-5)")
+    # the paper's default is on; --no-qk-layernorm for Llama-style attention (a flag named after its field takes
+    # both spellings, Megatron-LM's --qk-layernorm a no-op here)
+    qk_layernorm: bool = model_field(True, flag="--qk-layernorm", megatron="--qk-layernorm",
+                                     help="per-head RMSNorm of q and k (default on, as the paper; --no-qk-layernorm: "
+                                          "off, as Llama)")
     # the paper's Llama-style block (docs/architectures.md): fixed here, recorded and checked on resume
-    kv_channels: Optional[int] = model_field(None, megatron="--kv-channels")
     normalization: str = model_field("RMSNorm", megatron="--normalization")
-    layernorm_epsilon: float = model_field(1e-6, megatron="--norm-epsilon")
-    qk_layernorm: bool = model_field(True, megatron="--qk-layernorm")
     gated_linear_unit: bool = model_field(True, megatron="--swiglu")
     add_bias_linear: bool = model_field(False, megatron="--disable-bias-linear")
     init_method_std: float = model_field(0.02, flag="--init-method-std", resume=False, megatron="--init-method-std",

@@ -7,7 +7,8 @@ A variant is a spec plus a small subclass, on Megatron's own submodules:
     muddformer         layer MUDDFormerLayer, attention MultiInputSelfAttention, unfused input norm
     hyperconnections   layer HyperConnectionsLayer
 The baselines' extra norms are built from `norm` in LayerSubmodules (the backend's RMSNorm).
-Every arch's q/k norms use config.qk_norm_eps (`qk_norm_builder`), not layernorm_epsilon.
+Every arch's q/k norms use config.qk_norm_eps (`qk_norm_builder`), not layernorm_epsilon; qk_layernorm=False
+(--no-qk-layernorm, Llama) builds none.
 
 Two backends with the same classes on top:
   * local: pure Megatron-Core modules, runs anywhere (the CPU path and the tests); core attention on
@@ -74,16 +75,16 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
     if backend == "te":
         if not HAVE_TE:
             raise RuntimeError("backend 'te' needs transformer-engine (pip install -e .[te] on a GPU machine)")
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
     elif backend == "local":
-        spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+        spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
         if config.local_attention == "sdpa":  # torch's fused attention in place of the [b, np, s, s] baddbmm
             spec.submodules.self_attention.submodules.core_attention = SDPAttention
     else:
         raise ValueError(f"unknown backend {backend!r}; choose 'local' or 'te'")
     layer = copy.deepcopy(spec.submodules)
     attention = layer.self_attention
-    for name in ("q_layernorm", "k_layernorm"):
+    for name in ("q_layernorm", "k_layernorm") if config.qk_layernorm else ():  # --no-qk-layernorm: none (Llama)
         setattr(attention.submodules, name, qk_norm_builder(getattr(attention.submodules, name)))
     if config.arch == "transformer":
         return ModuleSpec(module=spec.module, params=spec.params, submodules=layer)

@@ -56,13 +56,16 @@ def unnamed_dests(parser: Optional[argparse.ArgumentParser] = None) -> set:
 
 def add_model_flags(add) -> None:
     """One flag per ModelArgs field that names one (model/args.py), with its default, help, choices and names_run
-    tag, under the field's name as dest; a bool field's flag switches it away from its default."""
+    tag, under the field's name as dest; a bool field's flag switches it away from its default (one named after
+    its field, --qk-layernorm, takes both spellings, --no-qk-layernorm switching it off)."""
     for f in model_args.FIELDS:
         facts = f.metadata
         if not facts["flag"]:
             continue
         kwargs = dict(dest=f.name, default=f.default, help=facts["help"], names_run=facts["names_run"])
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) and facts["flag"] == "--" + f.name.replace("_", "-"):
+            kwargs["action"] = argparse.BooleanOptionalAction  # named after its field: --qk-layernorm / --no-...
+        elif isinstance(f.default, bool):
             kwargs["action"] = "store_false" if f.default else "store_true"
         else:
             kwargs["type"] = model_args.flag_type(f)

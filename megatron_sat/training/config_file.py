@@ -47,9 +47,16 @@ def read_config(path: str, parser: argparse.ArgumentParser) -> dict:
     run_record = _run_record_arguments(data, actions)
     if run_record is not None:
         data = run_record
+    # a flag that takes a value under another name than its argument (--norm-epsilon sets layernorm_epsilon)
+    spelled = {opt.lstrip("-").replace("-", "_"): a.dest for a in actions.values() if a.nargs != 0
+               for opt in a.option_strings if opt.startswith("--")}
     out, unknown = {}, []
     for key, value in data.items():
         dest = str(key).lstrip("-").replace("-", "_")
+        if dest not in actions and dest in spelled:
+            if value is None:  # a record from before the flag set a model field (norm_epsilon: null): unset
+                continue
+            dest = spelled[dest]
         if dest not in actions:
             unknown.append(str(key))
             continue

@@ -7,7 +7,8 @@ Three kinds (docs/ecosystem.md, "Megatron-LM flags", lists each):
   (`arch_description_errors`);
 - flags that work as in Megatron-LM: the sample-based schedule and batch-size ramp-up (`resolve`,
   `global_batch_at`), --recompute-activations, --num-workers, --no-mmap-bin-files, --overlap-param-gather,
-  --manual-gc, --untie-embeddings-and-output-weights, --wandb-save-dir (--init-method-std is a ModelArgs field);
+  --manual-gc, --untie-embeddings-and-output-weights, --wandb-save-dir (--init-method-std, --kv-channels,
+  --norm-epsilon and --qk-layernorm are ModelArgs fields);
 - flags accepted for what they do on a GPU only (fusions, empty_cache, kernel choice): documented, no effect on CPU.
 
 Registered from arguments.build_parser with `add_arguments(parser, group)`; `resolve` runs with the layered
@@ -22,7 +23,6 @@ from megatron_sat.model import args as model_args
 
 # the values the archs here have: the fixed fields of the one model description (model/args.py), and RoPE
 NORMALIZATION = model_args.defaults()["normalization"]
-ARCH_NORM_EPS = model_args.defaults()["layernorm_epsilon"]
 POSITION_EMBEDDING = "rope"
 
 
@@ -36,14 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser, group) -> None:
     g("--group-query-attention", action="store_true",
       help="no-op: grouped-query attention is --num-query-groups (default: one group per head)")
     g("--normalization", default=None, help=f"no-op when {NORMALIZATION} (every norm here); anything else is refused")
-    g("--norm-epsilon", type=float, default=None, help=f"no-op when {ARCH_NORM_EPS:g} (the archs' norms); else refused")
     g("--position-embedding-type", default=None,
       help=f"no-op when {POSITION_EMBEDDING} (every arch here); anything else is refused")
     g("--rotary-percent", type=float, default=None, help="no-op when 1.0 (RoPE on the whole head); else refused")
     g("--max-position-embeddings", type=int, default=None,
       help="no-op when >= --seq-length (RoPE has no position table); a smaller value is refused")
-    g("--kv-channels", type=int, default=None,
-      help="no-op when = --hidden-size / --num-attention-heads (the head size here); else refused")
     g("--attention-dropout", type=float, default=None, help="no-op when 0 (no dropout here); else refused")
     g("--hidden-dropout", type=float, default=None, help="no-op when 0 (no dropout here); else refused")
     g("--apply-layernorm-1p", action="store_true",
@@ -194,8 +191,6 @@ def errors(args: argparse.Namespace) -> List[str]:
 
     if args.normalization is not None and args.normalization != NORMALIZATION:
         conflict("--normalization", args.normalization, f"every norm here is {NORMALIZATION}")
-    if args.norm_epsilon is not None and args.norm_epsilon != ARCH_NORM_EPS:
-        conflict("--norm-epsilon", args.norm_epsilon, f"the norms here use eps {ARCH_NORM_EPS:g}")
     if args.position_embedding_type is not None and args.position_embedding_type != POSITION_EMBEDDING:
         conflict("--position-embedding-type", args.position_embedding_type, "every arch here uses RoPE")
     if args.rotary_percent is not None and args.rotary_percent != 1.0:
@@ -203,10 +198,10 @@ def errors(args: argparse.Namespace) -> List[str]:
     if args.max_position_embeddings is not None and args.max_position_embeddings < args.seq_length:
         out.append(f"--max-position-embeddings {args.max_position_embeddings} is below --seq-length "
                    f"{args.seq_length}: give at least the sequence length")
-    heads = args.num_attention_heads
-    if args.kv_channels is not None and (not heads or args.kv_channels * heads != args.hidden_size):
-        conflict("--kv-channels", args.kv_channels,
-                 f"the head size here is --hidden-size / --num-attention-heads = {args.hidden_size}/{heads}")
+    if args.kv_channels is not None and args.kv_channels < 1:  # ModelArgs fields (model/args.py)
+        out.append(f"--kv-channels must be >= 1 (got {args.kv_channels})")
+    if not args.layernorm_epsilon > 0:
+        out.append(f"--norm-epsilon must be > 0 (got {args.layernorm_epsilon})")
     for flag, value in (("--attention-dropout", args.attention_dropout), ("--hidden-dropout", args.hidden_dropout)):
         if value not in (None, 0.0):
             conflict(flag, value, "the archs here train without dropout (0)")

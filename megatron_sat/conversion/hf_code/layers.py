@@ -46,6 +46,11 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def head_dim(config) -> int:
+    """The head dim: config.head_dim where given (published shapes: free of hidden / heads), else hidden / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_heads
+
+
 def kv_heads(config) -> int:
     return config.num_kv_heads or config.num_heads
 
@@ -55,7 +60,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = config.num_heads, kv_heads(config)
-        self.head_dim = config.hidden_size // config.num_heads
+        self.head_dim = head_dim(config)
         h, kv = config.hidden_size, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(h, kv, bias=config.qkv_bias)
@@ -137,7 +142,7 @@ def prepare(model, input_ids, inputs_embeds, attention_mask_in, position_ids, ca
         position_ids = torch.arange(past, past + s, device=h.device)[None].expand(b, s)
     # RoPE angles in float32 (as Megatron computes them), rotate-half layout; computed here, not in a buffer
     # (from_pretrained builds models on the meta device, which non-persistent buffers do not survive)
-    d = model.config.hidden_size // model.config.num_heads
+    d = head_dim(model.config)
     inv_freq = 1.0 / (model.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=h.device) / d))
     freqs = position_ids[..., None].float() * inv_freq[None, None]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [b, 1, s, d]

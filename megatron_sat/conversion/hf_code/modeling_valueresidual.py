@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .configuration_valueresidual import ResFormerConfig, SATFormerConfig
-from .layers import MLP, ForCausalLM, PreTrained, RMSNorm, init, kv_heads, model_output, prepare, rotate_half
+from .layers import MLP, ForCausalLM, PreTrained, RMSNorm, head_dim, init, kv_heads, model_output, prepare, rotate_half
 
 
 def _gate(name: str, logits: torch.Tensor) -> torch.Tensor:
@@ -93,7 +93,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = config.num_heads, kv_heads(config)
-        self.head_dim = config.hidden_size // config.num_heads
+        self.head_dim = head_dim(config)
         h, kv = config.hidden_size, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(h, kv, bias=config.qkv_bias)
