@@ -7,10 +7,11 @@
 A test harness, not a tool for a production cluster: it kills slurmd daemons and fills disks. It starts its own
 cluster, tests/slurm_cluster.py's SlurmCluster(nodes=2) (Debian's Slurm from `make slurm`, root for the tmpfs), so
 it needs a source checkout. It submits a sweep with tools/submit_grid.py (debug recipes, one rank per node: DP2 over
-n1 and n2), puts every run folder on a small tmpfs, and injects --faults faults of the kinds in tools/chaos_faults.py
-(every kind once before any twice), kinds and moments (steps after a run's last recovery) drawn from
-random.Random(--seed), each into the ready run with the most steps left. A run whose job ends for good is resubmitted (`sbatch --array=I slurm/array.sbatch MANIFEST`), as its owner
-would. The same entries also train fault-free (torchrun, the same DP2 layout, on local disk).
+n1 and n2), puts every run folder on a small tmpfs, and injects --faults faults of the kinds in
+tools/chaos_faults.py (every kind once before any twice), kinds and moments (steps after a run's last recovery)
+drawn from random.Random(--seed), each into the ready run with the most steps left. A run whose job ends for good
+is resubmitted (`sbatch --array=I slurm/array.sbatch MANIFEST`), as its owner would. The same entries also train
+fault-free (torchrun, the same DP2 layout, on local disk).
 
 At the end it checks, and exits 1 naming what failed: every run COMPLETED; its final checkpoint's tensors (weights
 and optimizer state) bit-identical to the fault-free run's (the same layout, so the same reduction order: no
