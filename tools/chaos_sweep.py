@@ -370,18 +370,18 @@ def _attempts(folder: str) -> List[dict]:
 
 def _redone(rows: List[dict], f: dict, attempts: List[dict]) -> int:
     """Steps logged before the fault that the run trained again: the last step of the attempt the fault ended
-    (rows up to the first step that is not one more than the one before) minus the step the next attempt started
-    from. 0 when the fault did not end the attempt."""
+    minus the step the next attempt started from; without a new attempt, the steps logged twice since the fault."""
     if len(attempts) <= f["attempts_at"]:
         return sum(a["step"] - b["step"] + 1 for a, b in zip(rows[f["rows_at"] - 1:], rows[f["rows_at"]:])
                    if b["step"] <= a["step"])
     start = attempts[f["attempts_at"]].get("start_step", 0)
-    last = f["step"]
-    for row in rows[f["rows_at"]:]:
-        if row["step"] != last + 1:
-            break
-        last = row["step"]
-    return max(last - start, 0)
+    # the new attempt's rows are the last ones and begin at start + 1: the row before its first one (the last
+    # row at step start + 1) is the interrupted attempt's last
+    since = rows[f["rows_at"] - 1:]
+    firsts = [i for i, row in enumerate(since) if row["step"] == start + 1]
+    if not firsts or firsts[-1] == 0:
+        return 0
+    return max(since[firsts[-1] - 1]["step"] - start, 0)
 
 
 def cf_terminal():
