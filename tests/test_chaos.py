@@ -1,7 +1,7 @@
 """The chaos run at test size: tools/chaos.py with 10 faults (every kind once) over a two-run sweep on the private
 two-node Slurm cluster (tests/slurm_cluster.py), as its command line runs it.
 
-    .venv/bin/python -m pytest -q -ra tests/test_chaos.py        # a few minutes on 2 cores
+    .venv/bin/python -m pytest -q -ra tests/test_chaos.py        # 280-370 s on 2 shared cores
 
 What the tool checks, and this test reads back from its chaos.json: every run COMPLETED; its final checkpoint's
 tensors (weights, optimizer state) equal a fault-free run's bit for bit (the same DP2 layout, so the same reduction
