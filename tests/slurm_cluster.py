@@ -473,6 +473,20 @@ def _proc_fields(name: str):
                 continue
 
 
+def rank_process(folder: str, procid: int):
+    """The trainer task of Slurm rank `procid` training into run folder `folder` (a psutil.Process), or None."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "megatron_sat.train" in " ".join(proc.info["cmdline"] or []) and folder in proc.info["cmdline"] \
+                    and proc.environ().get("SLURM_PROCID") == str(procid):
+                return proc
+        except psutil.Error:
+            pass
+    return None
+
+
 def _stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
     if proc.poll() is not None:
         return

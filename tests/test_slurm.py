@@ -25,7 +25,7 @@ import time
 
 import pytest
 import train_cli
-from slurm_cluster import SlurmCluster, SlurmUnavailable
+from slurm_cluster import SlurmCluster, SlurmUnavailable, rank_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]  # a local Slurm running the trainer
 
@@ -212,20 +212,6 @@ def test_a_sweep_requeued_past_the_recipes_steps_runs_to_its_own(cluster, site, 
         assert sorted(m["step"] for m in metrics(folder) if "loss" in m) == list(range(1, 151))
 
 
-def _rank_process(folder, procid):
-    """The trainer task of Slurm rank `procid` training into `folder`."""
-    import psutil
-
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if "megatron_sat.train" in " ".join(proc.info["cmdline"] or []) and folder in proc.info["cmdline"] \
-                    and proc.environ().get("SLURM_PROCID") == str(procid):
-                return proc
-        except psutil.Error:
-            pass
-    return None
-
-
 def test_a_hung_rank_is_requeued_and_resumes(cluster, site):
     """One rank of a 2-task job SIGSTOPped: the other rank's watchdog names it within --hang-timeout-minutes and
     exits 75, slurm/launch.sh requeues the job, which resumes from the last checkpoint and repeats the losses."""
@@ -246,7 +232,7 @@ def test_a_hung_rank_is_requeued_and_resumes(cluster, site):
         time.sleep(0.05)
     else:
         pytest.fail(f"training did not reach step 8:\n{read(log_path)}")
-    rank1 = _rank_process(folder, 1)
+    rank1 = rank_process(folder, 1)
     assert rank1 is not None, "rank 1's process not found"
     rank1.suspend()  # SIGSTOP
     deadline = time.time() + 120
