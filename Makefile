@@ -17,6 +17,10 @@ T4_PACKAGES := transformers==4.57.1 tokenizers==0.22.1 huggingface-hub==0.36.0
 MCORE_VERSION ?= 0.19.2
 PYTEST_ARGS ?=
 TEST_TIMEOUT ?= 900
+# pytest-xdist workers, whole test files per worker (a module's fixtures run once): most tests wait on one trainer
+# process at a time, which leaves the second core idle; TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 # constraints.txt pins torch to the CPU build on local disk; PIP_CONSTRAINT (unlike -c) is also seen by pip's
 # build-isolation environments.  The machine-wide constraint file, if any, is kept as well.
@@ -49,11 +53,11 @@ lint: venv
 	$(VPY) -m ruff check .
 
 test: venv lint
-	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --durations=15 tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -ra -p no:cacheprovider $(XDIST) --timeout=$(TEST_TIMEOUT) --durations=15 tests $(PYTEST_ARGS)
 
 # everything but the tests marked slow (multi-process, Slurm, faults, conversion, trainer runs): a few minutes
 test-fast: venv lint
-	$(VPY) -m pytest -q -ra -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --durations=10 -m "not slow" tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -ra -p no:cacheprovider $(XDIST) --timeout=$(TEST_TIMEOUT) --durations=10 -m "not slow" tests $(PYTEST_ARGS)
 
 # Debian's Slurm 22.05 and munge for tests/slurm_cluster.py, and slurmdbd + MariaDB for its accounting cluster
 # (sacct). Idempotent: apt-get runs only when a binary is missing. The tests never install anything.

@@ -415,6 +415,24 @@ class SlurmCluster:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
 
+    def signal_batch(self, job_id: str, sig: str = "USR1", timeout: float = 60) -> None:
+        """`scancel --signal=SIG --batch` to the running task of a job (or of a one-task array, by its own JobId).
+        Retried while the job is RUNNING: CI saw `Invalid job id specified` from a signal sent to an array job by its
+        ArrayJobId while its task ran; a job that is not running when signalled is an error."""
+        deadline = time.time() + timeout
+        while True:
+            records = self.job(job_id)
+            running = [r.get("JobId", job_id) for r in records if r.get("JobState") == "RUNNING"]
+            if running:
+                proc = self.run(["scancel", f"--signal={sig}", "--batch", running[0]], check=False)
+                if proc.returncode == 0:
+                    return
+            if not running or time.time() > deadline:
+                states = [(r.get("JobId"), r.get("JobState")) for r in records]
+                raise RuntimeError(f"could not send {sig} to job {job_id} (records {states}): "
+                                   f"{proc.stderr.strip() if running else 'not running'}\n{self.tail_logs()}")
+            time.sleep(1)
+
     def sbatch(self, args: List[str], cwd: Optional[str] = None, env: Optional[dict] = None) -> str:
         """Submit; returns the job id."""
         out = self.run(["sbatch", "--parsable", *args], cwd=cwd, env=env).stdout.strip()

@@ -150,7 +150,7 @@ def test_preempted_job_requeues_and_resumes(cluster, site, tmp_path):
         pytest.fail(f"training did not reach its first checkpoint:\n{read(log_path)}")
     # what Slurm sends 180 s before the time limit (#SBATCH --signal=B:USR1@180); the batch shell forwards it
     # to every rank with scancel --signal=USR1
-    cluster.run(["scancel", "--signal=USR1", "--batch", job])
+    cluster.signal_batch(job, "USR1")
     state = cluster.wait(job, timeout=900)
     log = read(log_path)
     assert state == "COMPLETED", log
@@ -199,7 +199,7 @@ def test_a_sweep_requeued_past_the_recipes_steps_runs_to_its_own(cluster, site, 
             time.sleep(0.2)
         else:
             pytest.fail(f"{key}: training did not pass step 25:\n{read(log_path)}")
-        cluster.run(["scancel", "--signal=USR1", "--batch", job])
+        cluster.signal_batch(job, "USR1")
     for key, flags in entries.items():
         job, folder = jobs[key], run_dir(site, "debug_transformer", *flags, "--seed", "1234")
         state = cluster.wait(job, timeout=900)

@@ -67,7 +67,7 @@ def test_two_node_pipeline_preempted_requeued_and_exact(cluster, site):
     log_path = f"{site['logs']}/msat-2n-{job}.out"
     _wait_until(cluster, job, lambda: (train_cli.latest(folder) or 0) >= 5 and max(_losses(folder), default=0) >= 6,
                 log_path, "the first checkpoint and a step after it")
-    cluster.run(["scancel", "--signal=USR1", "--batch", job])
+    cluster.signal_batch(job, "USR1")
     state = cluster.wait(job, timeout=900)
     log = read(log_path)
     assert state == "COMPLETED", log

@@ -295,7 +295,7 @@ class Sweep:
             f["resume_at"] = time.time() + 2 * self.hang_s
             f["detail"] = f"{2 * self.hang_s:.0f} s"
         elif kind == "preempt_usr1":
-            self.cluster.run(["scancel", "--signal=USR1", "--batch", run.job])
+            self.cluster.signal_batch(run.job, "USR1")
         elif kind == "scancel":
             self.cluster.run(["scancel", run.job])
         elif kind == "disk_full":
