@@ -178,9 +178,9 @@ def test_a_sweep_requeued_past_the_recipes_steps_runs_to_its_own(cluster, site, 
     COMPLETED (it used to stop there as "complete": TRAIN_ITERS was the recipe's 20). Both sweeps on one cluster."""
     config = tmp_path / "long.yaml"
     config.write_text("train-iters: 150\n")
-    # save interval 24, not the preempted test's 25: the run name hashes resolved values, so a config file with
-    # train-iters 150 and that test's flags names that test's (complete) run, and the sweep rightly had nothing to do
-    common = ["--save-interval", "24", "--log-interval", "1", "--eval-interval", "1000"]
+    # --lr 0.002: at the recipe's rate, train-iters 150 from the file names the preempted test's run (a run name
+    # hashes resolved values, and the save and log intervals name nothing), which is complete: nothing to do
+    common = ["--lr", "0.002", "--save-interval", "25", "--log-interval", "1", "--eval-interval", "1000"]
     entries = {"config": ["--config", str(config), *common], "samples": ["--train-samples", "1200", *common]}
     jobs = {}
     for key, flags in entries.items():  # one sweep at a time: the second must not finish while the first is watched
@@ -196,12 +196,12 @@ def test_a_sweep_requeued_past_the_recipes_steps_runs_to_its_own(cluster, site, 
         deadline = time.time() + 600
         while time.time() < deadline:  # a checkpoint past the recipe's 20 steps, and training gone on
             steps = [m["step"] for m in metrics(folder) if "loss" in m]
-            if (tracker(folder) or 0) >= 24 and steps and steps[-1] >= 30:
+            if (tracker(folder) or 0) >= 25 and steps and steps[-1] >= 30:
                 break
             assert cluster.states(job)[0] in ("PENDING", "RUNNING"), read(log_path)
             time.sleep(0.2)
         else:
-            pytest.fail(f"{key}: training did not pass step 24:\n{read(log_path)}")
+            pytest.fail(f"{key}: training did not pass step 25:\n{read(log_path)}")
         cluster.signal_batch(job, "USR1")
     for key, flags in entries.items():
         job, folder = jobs[key], run_dir(site, "debug_transformer", *flags, "--seed", "1234")
@@ -209,7 +209,7 @@ def test_a_sweep_requeued_past_the_recipes_steps_runs_to_its_own(cluster, site, 
         log = read(f"{site['logs']}/msat-debug-{job}_0.out")
         assert state == "COMPLETED", log
         stopped = int(re.search(r"stopped at checkpoint (\d+)/150", log).group(1))
-        assert 24 <= stopped < 150 and f"to continue from step {stopped}" in log, log
+        assert 25 <= stopped < 150 and f"to continue from step {stopped}" in log, log
         assert f"run {folder} from step {stopped} of 150" in log and "nothing to do" not in log, log
         assert "run complete (150/150 steps)" in log and tracker(folder) == 150, log
         assert sorted(m["step"] for m in metrics(folder) if "loss" in m) == list(range(1, 151))
