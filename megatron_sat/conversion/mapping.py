@@ -76,34 +76,26 @@ class ModelSpec(ModelArgs):
 def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None) -> dict:
     """config.json contents for the export of `spec`."""
     dtype_name = str(dtype).replace("torch.", "")
+    # the fields transformers' Llama and Qwen3 configs share (the Transformer baseline exports as one of them)
+    decoder = dict(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_query_groups, head_dim=spec.kv_channels, hidden_act="silu",
+        max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.init_method_std,
+        rms_norm_eps=spec.layernorm_epsilon, use_cache=True, tie_word_embeddings=spec.tied,
+        rope_theta=float(spec.rotary_base), rope_parameters=dict(rope_type="default", rope_theta=float(spec.rotary_base)),
+        attention_bias=False, attention_dropout=0.0, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
+        dtype=dtype_name)
     if spec.arch == "transformer" and not spec.qk_layernorm:  # no q/k norms: transformers' own Llama, no remote code
-        return dict(
-            architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=spec.vocab_size,
-            hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
-            num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
-            num_key_value_heads=spec.num_query_groups, head_dim=spec.kv_channels, hidden_act="silu",
-            max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.init_method_std,
-            rms_norm_eps=spec.layernorm_epsilon, use_cache=True, tie_word_embeddings=spec.tied,
-            rope_theta=float(spec.rotary_base), rope_scaling=None,
-            rope_parameters=dict(rope_type="default", rope_theta=float(spec.rotary_base)),
-            attention_bias=False, attention_dropout=0.0, mlp_bias=False, pretraining_tp=1,
-            bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, dtype=dtype_name,
-        )
+        return dict(architectures=["LlamaForCausalLM"], model_type="llama", **decoder, rope_scaling=None,
+                    mlp_bias=False, pretraining_tp=1)
     if spec.arch == "transformer":
         return dict(
-            architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=spec.vocab_size,
-            hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
-            num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
-            num_key_value_heads=spec.num_query_groups, head_dim=spec.kv_channels, hidden_act="silu",
-            max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.init_method_std,
-            rms_norm_eps=spec.layernorm_epsilon, qk_norm_eps=spec.qk_norm_eps, use_cache=True,
+            architectures=["Qwen3ForCausalLM"], model_type="qwen3", **decoder, qk_norm_eps=spec.qk_norm_eps,
             auto_map={"AutoConfig": "modeling_transformer.Qwen3Config",
-                      "AutoModelForCausalLM": "modeling_transformer.Qwen3ForCausalLM"}, tie_word_embeddings=spec.tied,
-            rope_theta=float(spec.rotary_base),
-            rope_parameters=dict(rope_type="default", rope_theta=float(spec.rotary_base)),
-            attention_bias=False, attention_dropout=0.0, use_sliding_window=False, sliding_window=None,
-            max_window_layers=spec.num_layers, layer_types=["full_attention"] * spec.num_layers,
-            bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, dtype=dtype_name,
+                      "AutoModelForCausalLM": "modeling_transformer.Qwen3ForCausalLM"},
+            use_sliding_window=False, sliding_window=None, max_window_layers=spec.num_layers,
+            layer_types=["full_attention"] * spec.num_layers,
         )
     name = HF_CLASSES[spec.arch]
     cfg = dict(
