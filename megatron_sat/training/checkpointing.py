@@ -184,11 +184,15 @@ class Saver:
         self.held: List[int] = []  # dropped by retention but held by a reader: deleted once free
         if async_save:
             self.queue = AsyncCallsQueue()
+        if root:
+            # the writer's results queue (a spawned Manager: seconds, tens of seconds on a loaded machine) starts
+            # here, before the training loop, not at the first save: the hang watchdog times a save
+            install_write_results_queue()
 
     def save(self, iteration: int, *, consumed_samples: int, args: Optional[dict] = None,
              model: Optional[dict] = None) -> str:
         self.finalize()  # the previous asynchronous save completes first
-        install_write_results_queue()  # once, at the first save (as Megatron-Core would start it)
+        install_write_results_queue()  # started in __init__ already (a no-op then)
         final = checkpoint_dir(self.root, iteration)
         tmp = final + ".tmp"
         if _rank0():
