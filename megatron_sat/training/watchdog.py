@@ -95,6 +95,12 @@ class Watchdog:
             self.timeout_s = 0
             return self
         self.beat("starting the training loop")
+        try:
+            # the first heartbeat now, not one interval later: a rank stopped within its first seconds (a fast
+            # resume) is then reported as NOT RESPONDING with where it was, not as having no heartbeat at all
+            self._write(time.time())
+        except OSError:
+            pass  # a full disk: the thread tries again
         self._thread = threading.Thread(target=self._run, name="megatron-sat-watchdog", daemon=True)
         self._thread.start()
         return self
