@@ -22,6 +22,7 @@ the job ends for good, so that the sweep's owner resubmits it (chaos.py does, as
                    line; the run goes on
 """
 
+import errno
 import os
 import random
 import re
@@ -99,21 +100,52 @@ def signal_rank(folder: str, sig: int, rng: random.Random, every: bool = False) 
     return "ranks " + ",".join(map(str, chosen))
 
 
-def fill_disk(folder: str) -> str:
-    """Fill the file system of `folder` but for half of its newest checkpoint's size (the next save cannot fit)."""
-    iters = sorted(d for d in os.listdir(folder) if re.fullmatch(r"iter_\d{7}", d))
-    newest = os.path.join(folder, iters[-1])
-    size = sum(os.path.getsize(os.path.join(newest, f)) for f in os.listdir(newest))
+def _bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for top, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(top, name))
+            except OSError:  # written or deleted meanwhile
+                pass
+    return total
+
+
+def fill_disk(folder: str, retain_interval: int) -> Tuple[str, Tuple[int, int]]:
+    """Fill the file system of `folder` so that, once retention has deleted what it will, half of a checkpoint's
+    size is free: the next save cannot fit. Returns (what was done, (the filler's target size, the bytes to leave
+    free)). The target is sized against what stays (the newest checkpoint, those retention keeps, everything else),
+    not against the free space now: a run saving every few steps often holds two checkpoints (or one and a save in
+    progress) for a moment, and a filler sized then let saves go on for 26 steps in one run. What does not fit yet,
+    `top_up` adds once retention has freed it."""
+    names = [d for d in os.listdir(folder) if re.fullmatch(r"iter_\d{7}(\.tmp)?", d)]
+    complete = sorted(d for d in names if not d.endswith(".tmp"))
+    size = _bytes(os.path.join(folder, complete[-1]))
+    going = sum(_bytes(os.path.join(folder, d)) for d in names if d.endswith(".tmp") or int(d[5:]) % retain_interval)
+    staying = _bytes(folder) - going + size  # one checkpoint of `size` (the newest, or the save that replaces it)
     st = os.statvfs(folder)
-    free = st.f_bavail * st.f_frsize
+    target = max(st.f_blocks * st.f_frsize - staying - size // 2, 0)
+    top_up(folder, target, size // 2)
+    return f"filled to {size // 2 // 1024} KiB free (a checkpoint takes {size // 1024} KiB)", (target, size // 2)
+
+
+def top_up(folder: str, target: int, keep: int) -> None:
+    """Grow the filler towards `target` bytes, leaving at least `keep` bytes free (metrics and heartbeats still
+    write): what retention freed since, or what did not fit before."""
     filler = os.path.join(folder, ".chaos-filler")
-    with open(filler, "wb") as f:
-        left = max(free - size // 2, 0)
-        block = b"\0" * (1 << 20)
-        while left > 0:
-            n = f.write(block[:min(left, len(block))])
-            left -= n
-    return f"filled to {size // 2 // 1024} KiB free (a checkpoint takes {size // 1024} KiB)"
+    st = os.statvfs(folder)
+    have = os.path.getsize(filler) if os.path.exists(filler) else 0
+    left = min(target, have + st.f_bavail * st.f_frsize - keep) - have
+    block = b"\0" * (1 << 20)
+    try:
+        with open(filler, "ab") as f:
+            while left > 0:
+                left -= f.write(block[:min(left, len(block))])
+    except OSError as e:  # a save took the space meanwhile: the next look tops up again
+        if e.errno != errno.ENOSPC:
+            raise
 
 
 def free_disk(folder: str) -> None:

@@ -1,8 +1,8 @@
 """The sweep tools/chaos.py drives: submit, inject the drawn faults, resubmit what ended, verify against fault-free runs.
 
 One fault in flight per run at a time (a node loss: none elsewhere, it hits every run); a fault is recovered when
-the run logs a training step again. `redone` = the last step logged before the fault minus the step the run resumed
-from (the first step logged after it, minus one).
+the run logs a training step again. `redone` = the last step the interrupted attempt logged minus the step the
+next attempt resumed from (both read from the run's Slurm log).
 """
 
 import json
@@ -19,6 +19,7 @@ import chaos_faults as cf
 
 ROOT = cf.ROOT
 SAVE_INTERVAL = 5
+RETAIN_INTERVAL = 1000  # retention deletes every checkpoint but the newest and those at multiples of this
 
 
 def draw(rng, n: int, runs: int) -> List[dict]:
@@ -99,8 +100,11 @@ class Sweep:
 
     # ------------------------------------------------------------------ set-up
     def submit(self) -> None:
-        flags = ["--train-iters", str(self.iters), "--log-interval", "1", "--save-interval", str(SAVE_INTERVAL),
-                 "--save-retain-interval", "1000", "--eval-interval", "100000",
+        # the embedded corpus (not the recipes' mock tokens): the runs record a tokenizer, so that an evaluation
+        # racing a run scores its checkpoint rather than refusing it
+        flags = ["--embedded-data", os.path.join(self.out, "data"), "--vocab-size", "512",
+                 "--train-iters", str(self.iters), "--log-interval", "1", "--save-interval", str(SAVE_INTERVAL),
+                 "--save-retain-interval", str(RETAIN_INTERVAL), "--eval-interval", "100000",
                  "--hang-timeout-minutes", f"{self.hang_s / 60:.4f}"]
         env = self.cluster.env(dict(self.env, MSAT_SBATCH_EXTRA="--hold"))  # held until the tmpfs are mounted
         tool = os.path.join(ROOT, "tools", "submit_grid.py")
@@ -193,6 +197,9 @@ class Sweep:
                 self._close(run, f)
         elif f and f.get("state_seen") is None and state not in ("RUNNING", "SUSPENDED"):
             f["state_seen"] = f"{state} {reason}".strip()
+        if f and f.get("fill_target") and state == "RUNNING" and f.get("state_seen") is None:
+            # what retention freed since the disk was filled (until the job ends: its resubmission runs freed)
+            cf.top_up(run.folder, *f["fill_target"])
         rows = _rows(run.folder)
         if f and f["kind"] not in ("export", "evaluate") and f.get("resume_at") is None and state == "RUNNING":
             self._recovered(run, f, rows)
@@ -205,7 +212,7 @@ class Sweep:
                     ok, detail = cf.reader_verdict(f["kind"], f["proc"], f["output"])
                     f.update(named=ok, detail=detail, recovery_s=time.time() - f["t_abs"], redone=0, proc=None)
                 elif f:  # ended before a step after the fault (the fault came at the last steps)
-                    f.update(recovery_s=time.time() - f["t_abs"], redone=_redone(rows, f, _attempts(run.folder)))
+                    f.update(recovery_s=time.time() - f["t_abs"], redone=_redone(run, f, _attempts(run.folder)))
                 if f:
                     self._close(run, f)
                 return
@@ -237,7 +244,7 @@ class Sweep:
                 return
         elif len(rows) <= f["rows_at"]:
             return
-        f.update(recovery_s=time.time() - f["t_abs"], redone=_redone(rows, f, attempts))
+        f.update(recovery_s=time.time() - f["t_abs"], redone=_redone(run, f, attempts))
         self._close(run, f)
 
     def _close(self, run: Run, f: dict) -> None:
@@ -299,7 +306,7 @@ class Sweep:
         elif kind == "scancel":
             self.cluster.run(["scancel", run.job])
         elif kind == "disk_full":
-            f["detail"] = cf.fill_disk(run.folder)
+            f["detail"], f["fill_target"] = cf.fill_disk(run.folder, RETAIN_INTERVAL)
         elif kind in ("export", "evaluate"):
             f["output"] = os.path.join(self.out, "readers", f"{kind}-{len(self.faults)}")
             os.makedirs(os.path.dirname(f["output"]), exist_ok=True)
@@ -317,7 +324,8 @@ class Sweep:
                     other.expected_restarts += 1
                     rows_o = _rows(other.folder)
                     other.fault = dict(f, run=other.name, shadow=True, step=rows_o[-1]["step"], rows_at=len(rows_o),
-                                       attempts_at=len(_attempts(other.folder)), job=other.job)
+                                       attempts_at=len(_attempts(other.folder)), job=other.job, log=other.logs[-1],
+                                       log_at=len(_read(other.logs[-1])), log_index=len(other.logs) - 1)
         if fault.restarts:
             run.expected_restarts += 1
         self.faults.append(f)
@@ -368,20 +376,21 @@ def _attempts(folder: str) -> List[dict]:
         return []
 
 
-def _redone(rows: List[dict], f: dict, attempts: List[dict]) -> int:
-    """Steps logged before the fault that the run trained again: the last step of the attempt the fault ended
-    minus the step the next attempt started from; without a new attempt, the steps logged twice since the fault."""
+def _redone(run: Run, f: dict, attempts: List[dict]) -> int:
+    """Steps the interrupted attempt trained past the checkpoint the next attempt resumed from: its last step
+    line in the run's Slurm log (after the fault, before the resume) minus that checkpoint's step. Read from the
+    log, not metrics.jsonl: a resume rewrites metrics.jsonl without the steps past its checkpoint. No new attempt
+    (a suspension, a reader): the same process trained on, nothing was redone."""
     if len(attempts) <= f["attempts_at"]:
-        return sum(a["step"] - b["step"] + 1 for a, b in zip(rows[f["rows_at"] - 1:], rows[f["rows_at"]:])
-                   if b["step"] <= a["step"])
-    start = attempts[f["attempts_at"]].get("start_step", 0)
-    # the new attempt's rows are the last ones and begin at start + 1: the row before its first one (the last
-    # row at step start + 1) is the interrupted attempt's last
-    since = rows[f["rows_at"] - 1:]
-    firsts = [i for i, row in enumerate(since) if row["step"] == start + 1]
-    if not firsts or firsts[-1] == 0:
         return 0
-    return max(since[firsts[-1] - 1]["step"] - start, 0)
+    return redone_in_log(log_text(run, f), f["step"], attempts[f["attempts_at"]].get("start_step", 0))
+
+
+def redone_in_log(text: str, step_at_fault: int, start: int) -> int:
+    """`text`: the run's log from the fault on; `start`: the step the next attempt resumed from."""
+    resumed = re.search(rf"resumed from \S+iter_{start:07d} \(iteration {start}\b", text)
+    trained = [int(n) for n in re.findall(r"^step\s+(\d+)/", text[:resumed.start()] if resumed else text, re.M)]
+    return max([step_at_fault, *trained]) - start
 
 
 def cf_terminal():
