@@ -13,7 +13,8 @@ the job ends for good, so that the sweep's owner resubmits it (chaos.py does, as
   suspend          scontrol suspend for twice the hang timeout, then resume: logged as a suspension, no restart
   preempt_usr1     USR1 to the batch shell (the time-limit warning): save, exit 0, self-requeue
   scancel          scancel (SIGTERM): the trainer saves, the job is CANCELLED: resubmitted
-  disk_full        the run folder (a small tmpfs) filled but for half a checkpoint: the next save fails with one
+  disk_full        the run folder (a small tmpfs) filled so that half a checkpoint is free once retention has
+                   deleted what it will (topped up as it does): the next save fails with one
                    line, exit 4, the job FAILs; the filler is removed and the job resubmitted
   torn_metrics     every rank SIGKILLed, then half a record appended to metrics.jsonl (a job killed while writing):
                    the resume sets the line aside
