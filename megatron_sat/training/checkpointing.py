@@ -192,7 +192,6 @@ class Saver:
     def save(self, iteration: int, *, consumed_samples: int, args: Optional[dict] = None,
              model: Optional[dict] = None) -> str:
         self.finalize()  # the previous asynchronous save completes first
-        install_write_results_queue()  # started in __init__ already (a no-op then)
         final = checkpoint_dir(self.root, iteration)
         tmp = final + ".tmp"
         if _rank0():
