@@ -21,6 +21,7 @@ Modules (one job each):
 """
 
 from megatron_sat.profiling.steptime.hardware import Cluster, Hardware, cluster, gpu_names, load_gpu
-from megatron_sat.profiling.steptime.predict import Layout, StepPrediction, predict_step
+from megatron_sat.profiling.steptime.predict import Layout, StepPrediction, layout_from_args, predict_step
 
-__all__ = ["Cluster", "Hardware", "Layout", "StepPrediction", "cluster", "gpu_names", "load_gpu", "predict_step"]
+__all__ = ["Cluster", "Hardware", "Layout", "StepPrediction", "cluster", "gpu_names", "layout_from_args", "load_gpu",
+           "predict_step"]

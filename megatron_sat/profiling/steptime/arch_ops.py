@@ -1,7 +1,8 @@
 """What each arch adds to the Transformer block's operators: one function per arch (the one place the step-time
 model knows an arch; each function is meant to move into its arch module, megatron_sat/model/archs/<arch>.py).
 
-Every function takes (model, layer, ctx) - a ModelArgs, a 1-based global layer number and the LayerContext of one
+Each operator's breakdown group is its own name (what tools/arch_steptime.py shows as the difference). Every
+function takes (model, layer, ctx) - a ModelArgs, a 1-based global layer number and the LayerContext of one
 micro-batch on one rank - and returns an ArchLayer: the layer's extra operators (forward; roofline.py derives their
 backward), the columns it adds to linear_qkv (over all TP ranks) and whether the layer's Transformer residual adds
 are replaced by the arch's own stream updates. Sizes, per token (ctx.tokens: b s / CP; ctx.sp_tokens: / TP under
@@ -58,7 +59,7 @@ def transformer(model, layer: int, ctx: LayerContext) -> ArchLayer:
 
 def _value_mix(model, ctx: LayerContext, name: str) -> Op:
     values = ctx.tokens * model.num_query_groups * model.kv_channels / ctx.tp
-    return memory(name, 3 * values * ctx.act_bytes, group="value_mix", bwd_bytes=5 * values * ctx.act_bytes)
+    return memory(name, 3 * values * ctx.act_bytes, group=name, bwd_bytes=5 * values * ctx.act_bytes)
 
 
 def resformer(model, layer: int, ctx: LayerContext) -> ArchLayer:
@@ -75,12 +76,13 @@ def satformer(model, layer: int, ctx: LayerContext) -> ArchLayer:
     mix = _value_mix(model, ctx, "satformer gate + mix")
     if fused:
         return ArchLayer(ops=[mix], qkv_columns=ng)
-    return ArchLayer(ops=[gemm("satformer gate GEMM", ctx.tokens, ng, h, group="value_mix"), mix])
+    return ArchLayer(ops=[gemm("satformer gate GEMM", ctx.tokens, ng, h, group="satformer gate GEMM"), mix])
 
 
 def denseformer(model, layer: int, ctx: LayerContext) -> ArchLayer:
     k, u = layer + 1, ctx.sp_tokens * model.hidden_size * ctx.act_bytes
-    return ArchLayer(ops=[memory("denseformer weighted sum", (k + 1) * u, group="stream_mix", bwd_bytes=(1 + 3 * k) * u)])
+    name = "denseformer weighted sum"
+    return ArchLayer(ops=[memory(name, (k + 1) * u, group=name, bwd_bytes=(1 + 3 * k) * u)])
 
 
 def muddformer(model, layer: int, ctx: LayerContext) -> ArchLayer:
@@ -88,11 +90,11 @@ def muddformer(model, layer: int, ctx: LayerContext) -> ArchLayer:
     c = 1 if layer == model.num_layers else 4
     u = ctx.sp_tokens * h * ctx.act_bytes
     ops = [
-        gemm("muddformer dynamic weights W1", ctx.sp_tokens, c * k, h, group="stream_mix"),
-        gemm("muddformer dynamic weights W2", ctx.sp_tokens, c * k, c * k, group="stream_mix"),
-        memory("muddformer pre-norms", 2 * k * u, group="stream_mix"),
-        memory("muddformer weighted sums", c * (k + 1) * u, group="stream_mix", count=c),
-        memory("muddformer norms", 2 * (2 + c) * u, group="stream_mix", count=2 + c),
+        gemm("muddformer dynamic weights W1", ctx.sp_tokens, c * k, h, group="muddformer dynamic weights W1"),
+        gemm("muddformer dynamic weights W2", ctx.sp_tokens, c * k, c * k, group="muddformer dynamic weights W2"),
+        memory("muddformer pre-norms", 2 * k * u, group="muddformer pre-norms"),
+        memory("muddformer weighted sums", c * (k + 1) * u, group="muddformer weighted sums", count=c),
+        memory("muddformer norms", 2 * (2 + c) * u, group="muddformer norms", count=2 + c),
     ]
     return ArchLayer(ops=ops)
 
@@ -103,12 +105,12 @@ def hyperconnections(model, layer: int, ctx: LayerContext) -> ArchLayer:
     ops = []
     for sub in ("attention", "mlp"):
         if model.hc_dynamic:
-            ops += [memory(f"hc {sub} stream norm", 2 * n * u, group="stream_mix"),
-                    gemm(f"hc {sub} dynamic weights", ctx.sp_tokens * n, n + 2, h, group="stream_mix")]
-        ops += [memory(f"hc {sub} width mix", (2 * n + 1) * u, group="stream_mix"),
-                memory(f"hc {sub} depth update", (2 * n + 1) * u, group="stream_mix")]
+            ops += [memory(f"hc {sub} stream norm", 2 * n * u, group="hc stream norms"),
+                    gemm(f"hc {sub} dynamic weights", ctx.sp_tokens * n, n + 2, h, group="hc dynamic weights")]
+        ops += [memory(f"hc {sub} width mix", (2 * n + 1) * u, group="hc width mix"),
+                memory(f"hc {sub} depth update", (2 * n + 1) * u, group="hc depth update")]
     if layer == model.num_layers:
-        ops.append(memory("hc stream sum", (n + 1) * u, group="stream_mix"))
+        ops.append(memory("hc stream sum", (n + 1) * u, group="hc width mix"))
     return ArchLayer(ops=ops, replaces_residual=True)
 
 

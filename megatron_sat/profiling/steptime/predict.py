@@ -97,9 +97,9 @@ class Layout:
 @dataclass
 class StepPrediction:
     """One step, predicted. breakdown: seconds of the critical (slowest) stage by name, summing to step_time_s:
-    compute groups (gemm, attention, elementwise, logits, cross_entropy, value_mix, stream_mix, recompute) over all
-    its micro-batches, tp_comm and cp_comm (exposed), pipeline_bubble (idle time and messages), dp_grad_reduce and
-    dp_param_gather (exposed), optimizer, step_overhead."""
+    compute groups (gemm, attention, elementwise, logits, cross_entropy, recompute, and the arch operators by name,
+    arch_ops.py) over all its micro-batches, tp_comm and cp_comm (exposed), pipeline_bubble (idle time and
+    messages), dp_grad_reduce and dp_param_gather (exposed), optimizer, step_overhead."""
 
     step_time_s: float
     tflops_per_gpu: float
@@ -121,6 +121,27 @@ class StepPrediction:
                 f"per GPU (MFU {100 * self.mfu:.1f}%), {self.tokens_per_s:,.0f} tokens/s, bubble "
                 f"{100 * self.bubble_share:.1f}%, exposed communication {100 * self.exposed_comm_share:.1f}%\n"
                 f"  ms: {parts}")
+
+
+def layout_from_args(args, world_size: int) -> Layout:
+    """The Layout of parsed trainer arguments (a recipe's, a config file's or the command line's) on `world_size`
+    GPUs, as the trainer resolves them on a GPU: the distributed optimizer unless --no-use-distributed-optimizer,
+    bf16 unless --fp8-format (FP8) or fp32 was asked for."""
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    cp = getattr(args, "context_parallel_size", None) or 1
+    dist_opt = getattr(args, "use_distributed_optimizer", None)
+    precision = "fp8" if getattr(args, "fp8_format", None) else "fp16" if getattr(args, "fp16", False) else "bf16"
+    if getattr(args, "bf16", None) is False and precision == "bf16":
+        precision = "fp32"
+    return Layout(tp=tp, pp=pp, vpp=getattr(args, "num_virtual_stages_per_pipeline_rank", None), cp=cp,
+                  dp=max(world_size // (tp * pp * cp), 1), micro_batch_size=args.micro_batch_size,
+                  global_batch_size=args.global_batch_size, sequence_parallel=bool(getattr(args, "sequence_parallel", 0)),
+                  recompute=getattr(args, "recompute_granularity", None),
+                  distributed_optimizer=True if dist_opt is None else bool(dist_opt),
+                  overlap_grad_reduce=bool(getattr(args, "overlap_grad_reduce", False)),
+                  overlap_param_gather=bool(getattr(args, "overlap_param_gather", False)),
+                  tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)), precision=precision,
+                  grad_reduce_in_fp32=not getattr(args, "grad_reduce_in_bf16", False))
 
 
 def stage_parameters(model, layers, tp: int, *, first: bool, last: bool, vocab_size: int,
