@@ -96,7 +96,7 @@ class Layout:
 
 @dataclass
 class StepPrediction:
-    """One step, predicted. breakdown: seconds of the critical (slowest) stage by name, summing to step_time_s:
+    """One step, predicted. breakdown: seconds of the busiest pipeline stage by name, summing to step_time_s:
     compute groups (gemm, attention, elementwise, logits, cross_entropy, recompute, and the arch operators by name,
     arch_ops.py) over all its micro-batches, tp_comm and cp_comm (exposed), pipeline_bubble (idle time and
     messages), dp_grad_reduce and dp_param_gather (exposed), optimizer, step_overhead."""
@@ -211,9 +211,11 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
         opt = memory_time(hw, owned * OPTIMIZER_BYTES + params * 4, count=8)
         per_stage.append((reduce, opt, gather))
         tail.append(sched.finish[r] + reduce + opt + gather)
-    crit = max(range(pp), key=lambda r: tail[r])
+    # the breakdown is the busiest stage's: its compute, communication and optimizer, and as pipeline_bubble the rest
+    # of the step (its idle time in the schedule, messages, and waiting for slower stages' tails)
+    crit = max(range(pp), key=lambda r: sched.busy[r])
     overhead = hw.cal("step_overhead_s")
-    step = tail[crit] + overhead
+    step = max(tail) + overhead
 
     breakdown: Dict[str, float] = {}
     tp_comm = cp_comm = 0.0
@@ -224,7 +226,8 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
             tp_comm += m * cost.tp_comm
             cp_comm += m * cost.cp_comm
     reduce, opt, gather = per_stage[crit]
-    breakdown.update(tp_comm=tp_comm, cp_comm=cp_comm, pipeline_bubble=sched.finish[crit] - sched.busy[crit],
+    breakdown.update(tp_comm=tp_comm, cp_comm=cp_comm,
+                     pipeline_bubble=max(tail) - sched.busy[crit] - reduce - opt - gather,
                      dp_grad_reduce=reduce, optimizer=opt, dp_param_gather=gather, step_overhead=overhead)
     tokens = layout.micro_batch_size * layout.dp * m * seq_length
     flops = flops_per_token(model_args, seq_length, vocab_size, tp=layout.tp) * tokens
