@@ -12,8 +12,7 @@ import pytest
 
 from megatron_sat.archs import ARCHS
 from megatron_sat.model.args import ModelArgs
-from megatron_sat.profiling.steptime import Cluster, Layout, cluster, gpu_names, load_gpu, predict_step
-from megatron_sat.profiling.steptime import collectives, roofline
+from megatron_sat.profiling.steptime import Cluster, Layout, cluster, collectives, gpu_names, load_gpu, predict_step, roofline
 from megatron_sat.profiling.steptime.arch_ops import ARCH_OPS
 from megatron_sat.profiling.steptime.published import compare, format_table
 from megatron_sat.profiling.steptime.schedule import closed_form_bubble, simulate, stage_order
