@@ -1,6 +1,6 @@
 """The step-time model (megatron_sat/profiling/steptime): its pieces against hand-computed cases, the pipeline
 simulation against the closed-form bubble, and the docs' published-figure table against the model (so a change to
-the model updates docs/step_time.md with it). Unit tests: no torch, about a second."""
+the model updates docs/step_time.md with it). Unit tests, a few seconds; the model itself loads no torch."""
 
 import math
 import re
@@ -181,3 +181,20 @@ def test_importing_the_model_loads_no_torch():
             "published; published.compare(published.H100_WEAK[:1]); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_gpu_check_predictions_run_and_measurement_skips_without_a_gpu(capsys):
+    from tools import gpu_steptime_check as check  # the GPU check's tool: its predictions need no GPU
+
+    rows = check.predicted_gemms("H200")
+    assert len(rows) == 11 and all(0 < r["predicted_tflops"] < 989.4 for r in rows)
+    sizes = {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_query_groups": 4,
+             "ffn_hidden_size": 1024}
+    assert check.predicted_micro_batch("satformer", sizes, "H200", 512, 1, 32000) > check.predicted_micro_batch(
+        "transformer", sizes, "H200", 512, 1, 32000) > 0
+    import torch
+
+    if not torch.cuda.is_available():
+        assert check.main([]) == 0
+        assert "no CUDA device" in capsys.readouterr().out
+    assert check.main(["--gpu", "V100"]) == 2

@@ -22,6 +22,7 @@ on (fit()); every other row only checks.
 
 import math
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from megatron_sat.model.args import ModelArgs
@@ -153,6 +154,14 @@ def summary(results: Iterable[dict]) -> Dict[str, float]:
     """Mean and worst absolute relative error."""
     errors = [abs(r["error"]) for r in results]
     return dict(mean=sum(errors) / len(errors), worst=max(errors), n=len(errors))
+
+
+@cache
+def uncertainty(gpu: str = "H100") -> float:
+    """The relative uncertainty of a prediction on `gpu`: the mean absolute error of the check rows published for it
+    (every check row for a GPU with none: H200, B200), for GPU-hour estimates (prediction x (1 +- this))."""
+    rows = [r for r in ROWS if r.role == "check" and ASSUMPTIONS[r.source]["gpu"] == gpu]
+    return summary(compare(rows or [r for r in ROWS if r.role == "check"]))["mean"]
 
 
 def fit(keys: Sequence[str], grids: Dict[str, Sequence[float]], rows: Sequence[Row],
