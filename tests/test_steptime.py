@@ -121,6 +121,8 @@ def test_prediction_is_consistent():
     assert sum(p.breakdown.values()) == pytest.approx(p.step_time_s, rel=1e-9)
     assert p.tokens_per_s == pytest.approx(64 * 4096 / p.step_time_s)
     assert 0.2 < p.mfu < 0.8 and p.num_microbatches == 4 and p.bubble_share == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="does not divide the 16 heads"):
+        predict_step(GPT, Layout(tp=3, micro_batch_size=1), "1x3xH100", seq_length=4096, vocab_size=131072)
     with pytest.raises(ValueError, match="uses 16 GPUs"):
         predict_step(GPT, Layout(dp=16), "1x8xH100", seq_length=4096, vocab_size=131072)
 

@@ -167,6 +167,13 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
     such as "4x8xH100"). ValueError when the layout does not fit the cluster or the model."""
     c = make_cluster(cluster)
     errors = layout.errors(model_args.num_layers)
+    t = layout.tp
+    if model_args.num_attention_heads % t or model_args.num_query_groups % t:
+        errors.append(f"TP {t} does not divide the {model_args.num_attention_heads} heads and "
+                      f"{model_args.num_query_groups} KV groups")
+    if seq_length % (layout.cp * (t if layout.sequence_parallel else 1)):
+        errors.append(f"sequence {seq_length} does not split over CP {layout.cp}"
+                      + (f" x TP {t} (sequence parallelism)" if layout.sequence_parallel else ""))
     if layout.world_size != c.world_size:
         errors.append(f"layout {layout} uses {layout.world_size} GPUs, the cluster {c} has {c.world_size}")
     if errors:
