@@ -148,6 +148,15 @@ def test_pipeline_bubble_and_tp_across_nodes():
     assert 0 < hidden.breakdown["tp_comm"] < cross.breakdown["tp_comm"]
 
 
+def test_small_model_at_large_dp_is_bound_by_data_parallel_communication():
+    small = ModelArgs(arch="transformer", num_layers=11, hidden_size=768, num_attention_heads=12)
+    kw = dict(seq_length=4096, vocab_size=32000)
+    node = predict_step(small, Layout(dp=8, micro_batch_size=1, global_batch_size=512), "1x8xH100", **kw)
+    wide = predict_step(small, Layout(dp=512, micro_batch_size=1, global_batch_size=512), "64x8xH100", **kw)
+    assert node.exposed_comm_share < 0.01 < 0.2 < wide.exposed_comm_share
+    assert wide.breakdown["dp_grad_reduce"] > wide.breakdown["optimizer"]
+
+
 def test_every_arch_has_operators_and_costs_at_least_the_transformer():
     assert set(ARCH_OPS) == set(ARCHS)
     base = dict(num_layers=8, hidden_size=1024, num_attention_heads=16)

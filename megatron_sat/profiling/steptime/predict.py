@@ -234,7 +234,7 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
             cp_comm += m * cost.cp_comm
     reduce, opt, gather = per_stage[crit]
     breakdown.update(tp_comm=tp_comm, cp_comm=cp_comm,
-                     pipeline_bubble=max(tail) - sched.busy[crit] - reduce - opt - gather,
+                     pipeline_bubble=max(0.0, max(tail) - sched.busy[crit] - reduce - opt - gather),
                      dp_grad_reduce=reduce, optimizer=opt, dp_param_gather=gather, step_overhead=overhead)
     tokens = layout.micro_batch_size * layout.dp * m * seq_length
     flops = flops_per_token(model_args, seq_length, vocab_size, tp=layout.tp) * tokens
