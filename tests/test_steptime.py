@@ -177,7 +177,7 @@ def _docs_table() -> str:
 
 
 def test_docs_published_table_is_what_the_model_predicts():
-    # regenerate with: python tools/check_steptime.py --markdown
+    # regenerate with: python tools/check_steptime.py --update-docs
     assert _docs_table() == format_table(compare()).strip()
 
 

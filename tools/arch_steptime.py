@@ -3,6 +3,7 @@
     python tools/arch_steptime.py                          # the paper's 760M and 1.3B grid points, their clusters
     python tools/arch_steptime.py --scales 760M --gpu H200 --markdown
     python tools/arch_steptime.py --json
+    python tools/arch_steptime.py --update-docs   # rewrite docs/step_time.md's arch table
 
 Each scale runs every arch at the Transformer recipe's layout (transformer_<scale>: TP, PP, micro-batch, recompute,
 global batch 512 x 4096) on the recipe's default cluster (recipes/paper.py CLUSTERS) unless --gpu / --nodes say
@@ -22,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_sat.archs import ARCHS
 from megatron_sat.model.args import model_args
 from megatron_sat.profiling.steptime import cluster, layout_from_args, predict_step
+from megatron_sat.profiling.steptime.published import replace_block
 from megatron_sat.training.planner import default_cluster, resolve_args
 
 PAPER_CLAIMS = {"hyperconnections": 1.75, "muddformer": 1.82}  # SATFormer's throughput over the baseline's, 760M
@@ -71,12 +73,17 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, help="nodes (default: the recipe's cluster's)")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--update-docs", action="store_true", help="rewrite the arch table of docs/step_time.md")
     args = parser.parse_args()
     try:
         rows = [r for s in args.scales.split(",") for r in rows_for(s.strip(), args.gpu, args.nodes)]
     except (KeyError, ValueError) as e:
         print(f"arch_steptime: {e}; scales are 130M, 340M, 760M, 1.3B", file=sys.stderr)
         return 2
+    if args.update_docs:
+        docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "step_time.md")
+        replace_block(docs, "arch-table", markdown(rows))
+        print(f"updated {docs}")
     if args.json:
         print(json.dumps(rows, indent=1))
     elif args.markdown:

@@ -4,6 +4,7 @@
     python tools/check_steptime.py --markdown   # the table as docs/step_time.md shows it
     python tools/check_steptime.py --fit        # refit the H100 constants on the 'fit' rows and show what they give
     python tools/check_steptime.py --json
+    python tools/check_steptime.py --update-docs  # rewrite docs/step_time.md's table (tests check they agree)
 
 Sources, the assumptions each row shares and which rows fit: megatron_sat/profiling/steptime/published.py.
 Goal (issue 44): mean absolute error <= 10%, worst <= 20%. Exit 0 when the goal holds over all rows, 1 when not.
@@ -17,8 +18,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_sat.profiling.steptime import load_gpu
-from megatron_sat.profiling.steptime.published import ASSUMPTION_TEXT, ROWS, compare, fit, format_table, summary
+from megatron_sat.profiling.steptime.published import (
+    ASSUMPTION_TEXT,
+    ROWS,
+    compare,
+    fit,
+    format_table,
+    replace_block,
+    summary,
+)
 
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "step_time.md")
 GOAL_MEAN, GOAL_WORST = 0.10, 0.20
 FIT_KEYS = ("gemm_efficiency", "attention_efficiency")
 FIT_GRIDS = {"gemm_efficiency": [0.5, 0.55, 0.6, 0.65, 0.7], "attention_efficiency": [0.1, 0.15, 0.2, 0.25, 0.3, 0.4]}
@@ -28,6 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--markdown", action="store_true", help="the Markdown table of docs/step_time.md")
     parser.add_argument("--json", action="store_true", help="every row as JSON")
+    parser.add_argument("--update-docs", action="store_true", help="rewrite the table in docs/step_time.md")
     parser.add_argument("--fit", action="store_true",
                         help=f"refit {', '.join(FIT_KEYS)} on the H100 'fit' rows (a grid search, about a minute)")
     args = parser.parse_args()
@@ -38,6 +49,9 @@ def main() -> int:
               + "  (gpus.json holds them rounded to two digits)")
         gpus = {name: load_gpu(name).with_calibration(**best) for name in ("H100", "A100")}
     results = compare(gpus=gpus)
+    if args.update_docs:
+        replace_block(DOCS, "published-table", format_table(results))
+        print(f"updated {DOCS}")
     if args.json:
         print(json.dumps(results, indent=1))
     elif args.markdown:

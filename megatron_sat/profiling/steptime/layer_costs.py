@@ -140,6 +140,10 @@ def embedding_cost(model, layout, c: Cluster, seq_length: int) -> tuple:
     fwd, bwd = Cost(), Cost()
     fwd.add("elementwise", op_time(c.gpu, memory("embedding", 2 * rows * 2)))
     bwd.add("elementwise", op_time(c.gpu, memory("embedding", 0, bwd_bytes=rows * (2 + 4 + 4)), backward=True))
+    t = layout.tp
+    if t > 1:  # the vocab-parallel lookup's partial rows summed: reduce-scatter (SP) or all-reduce
+        fn = collectives.reduce_scatter if layout.sequence_parallel else collectives.all_reduce
+        fwd.tp_comm = fn(c, rows * 2, t)
     return fwd, bwd
 
 
@@ -157,10 +161,12 @@ def head_cost(model, layout, c: Cluster, seq_length: int, vocab_size: int) -> tu
     for op in ops:
         fwd.add(op.group, op_time(hw, op, prec))
         bwd.add(op.group, op_time(hw, op, prec, backward=True))
-    if t > 1 and layout.sequence_parallel:
+    if t > 1 and layout.sequence_parallel:  # the final norm's output gathered; its gradient reduce-scattered
         one = collectives.all_gather(c, tokens * h * 2, t)
         fwd.tp_comm = one if not layout.tp_comm_overlap else max(0.0, one - op_time(hw, ops[1], prec))
         bwd.tp_comm = one if not layout.tp_comm_overlap else max(0.0, one - op_time(hw, ops[1], prec, True))
+    elif t > 1:  # the input gradient of the column-parallel output layer, all-reduced
+        bwd.tp_comm = collectives.all_reduce(c, tokens * h * 2, t)
     if t > 1:  # the vocab-parallel cross entropy's three small all-reduces (max, sum, target logit) per token
         small = 3 * collectives.all_reduce(c, tokens * 4, t)
         fwd.tp_comm += small

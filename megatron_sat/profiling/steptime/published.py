@@ -21,8 +21,9 @@ on (fit()); every other row only checks.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from megatron_sat.model.args import ModelArgs
@@ -212,5 +213,9 @@ def format_table(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def with_overrides(row: Row, **changes) -> Row:
-    return replace(row, **changes)
+def replace_block(path, marker: str, text: str) -> None:
+    """Rewrite what docs/step_time.md holds between <!-- marker --> and <!-- /marker --> with `text`."""
+    doc = Path(path).read_text()
+    start, end = f"<!-- {marker} -->\n", f"\n<!-- /{marker} -->"
+    i, j = doc.index(start) + len(start), doc.index(end)
+    Path(path).write_text(doc[:i] + text.strip() + doc[j:])
