@@ -209,3 +209,26 @@ def test_gpu_check_predictions_run_and_measurement_skips_without_a_gpu(capsys):
         assert check.main([]) == 0
         assert "no CUDA device" in capsys.readouterr().out
     assert check.main(["--gpu", "V100"]) == 2
+
+
+def test_precision_recompute_and_context_parallelism_move_the_step_the_right_way():
+    kw = dict(seq_length=8192, vocab_size=32000)
+    big = ModelArgs(arch="transformer", num_layers=8, hidden_size=8192, num_attention_heads=64)
+
+    def step(**layout):
+        return predict_step(big, Layout(tp=8, micro_batch_size=1, global_batch_size=8, sequence_parallel=True,
+                                        **layout), "1x8xH100", **kw)
+
+    none, selective, full = step(), step(recompute="selective"), step(recompute="full")
+    assert none.step_time_s < selective.step_time_s < full.step_time_s
+    # full recompute re-runs the forward: about a third more compute (forward ~ 1/3 of forward + backward)
+    assert 1.2 < full.step_time_s / none.step_time_s < 1.45
+    assert step(precision="fp8").step_time_s < 0.8 * none.step_time_s
+    # CP2 halves each rank's queries: half the attention a micro-batch, the same model FLOPs a step
+    cp = predict_step(big, Layout(tp=4, cp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True),
+                      "1x8xH100", **kw)
+    tp = predict_step(big, Layout(tp=4, dp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True),
+                      "1x8xH100", **kw)
+    per_micro_batch = cp.breakdown["attention"] / cp.num_microbatches, tp.breakdown["attention"] / tp.num_microbatches
+    assert 0.45 < per_micro_batch[0] / per_micro_batch[1] < 0.55
+    assert cp.tflops_per_gpu * cp.step_time_s == pytest.approx(tp.tflops_per_gpu * tp.step_time_s)
