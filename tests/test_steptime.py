@@ -12,7 +12,17 @@ import pytest
 
 from megatron_sat.archs import ARCHS
 from megatron_sat.model.args import ModelArgs
-from megatron_sat.profiling.steptime import Cluster, Layout, cluster, collectives, gpu_names, load_gpu, predict_step, roofline
+from megatron_sat.profiling.steptime import (
+    STEP_TIME_ERROR,
+    Cluster,
+    Layout,
+    cluster,
+    collectives,
+    gpu_names,
+    load_gpu,
+    predict_step,
+    roofline,
+)
 from megatron_sat.profiling.steptime.arch_ops import ARCH_OPS
 from megatron_sat.profiling.steptime.published import compare, format_table
 from megatron_sat.profiling.steptime.schedule import closed_form_bubble, simulate, stage_order
@@ -181,8 +191,11 @@ def test_docs_published_table_is_what_the_model_predicts():
     assert _docs_table() == format_table(compare()).strip()
 
 
-def test_published_goal_holds():
-    errors = [abs(r["error"]) for r in compare()]
+def test_published_goal_holds_and_the_error_band_is_the_check_rows_error():
+    results = compare()
+    checks = [abs(r["error"]) for r in results if r["role"] == "check"]
+    assert STEP_TIME_ERROR == pytest.approx(sum(checks) / len(checks), abs=5e-4)
+    errors = [abs(r["error"]) for r in results]
     assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.20
     assert not math.isnan(sum(errors))
 

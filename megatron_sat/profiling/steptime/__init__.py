@@ -23,5 +23,10 @@ Modules (one job each):
 from megatron_sat.profiling.steptime.hardware import Cluster, Hardware, cluster, gpu_names, load_gpu
 from megatron_sat.profiling.steptime.predict import Layout, StepPrediction, layout_from_args, predict_step
 
-__all__ = ["Cluster", "Hardware", "Layout", "StepPrediction", "cluster", "gpu_names", "layout_from_args", "load_gpu",
-           "predict_step"]
+# the model's relative error band: the mean absolute error of its predictions of the published rows it was not
+# fitted on (published.py, docs/step_time.md; tests/test_steptime.py keeps it equal to the model's), for GPU hours
+# (prediction x (1 +- this)); published.uncertainty(gpu) gives one GPU's own where it has published rows
+STEP_TIME_ERROR = 0.105
+
+__all__ = ["STEP_TIME_ERROR", "Cluster", "Hardware", "Layout", "StepPrediction", "cluster", "gpu_names",
+           "layout_from_args", "load_gpu", "predict_step"]
