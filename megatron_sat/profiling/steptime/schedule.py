@@ -22,7 +22,7 @@ output layer and loss on the last), messages cost time, or m is small against p 
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -87,47 +87,50 @@ def simulate(forward: Sequence[Sequence[float]], backward: Sequence[Sequence[flo
     p, v, m = len(forward), len(forward[0]), num_microbatches
     chunks = p * v
     orders = [stage_order(r, p, m, v) for r in range(p)]
-    done: Dict[Tuple[str, int, int], float] = {}  # (pass, micro-batch, global chunk) -> end time
+    nan = float("nan")
+    # end times by global chunk and micro-batch (NaN: not run yet); flat lists, the hot loop of the layout search
+    f_done = [[nan] * m for _ in range(chunks)]
+    b_done = [[nan] * m for _ in range(chunks)]
     free = [0.0] * p
     busy = [0.0] * p
     nxt = [0] * p
     last_backward = [0.0] * p
     first_forward = [0.0] * p
     hop = list(p2p_per_stage) if p2p_per_stage is not None else [p2p] * p
-
-    def ready(kind: str, mb: int, g: int) -> Optional[float]:
-        if kind == "F":
-            if g == 0:
-                return 0.0
-            t = done.get(("F", mb, g - 1))
-            return None if t is None else t + hop[(g - 1) % p]
-        if g == chunks - 1:
-            return done.get(("F", mb, g))
-        t = done.get(("B", mb, g + 1))
-        return None if t is None else t + hop[(g + 1) % p]
-
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for r in range(p):
-            while nxt[r] < len(orders[r]):
-                kind, mb, c = orders[r][nxt[r]]
+            order, t_free = orders[r], free[r]
+            i = nxt[r]
+            while i < len(order):
+                kind, mb, c = order[i]
                 g = c * p + r
-                t = ready(kind, mb, g)
-                if t is None:
+                if kind == "F":
+                    if g == 0:
+                        t = 0.0
+                    else:
+                        t = f_done[g - 1][mb] + hop[(g - 1) % p]
+                    cost = forward[r][c]
+                elif g == chunks - 1:
+                    t, cost = f_done[g][mb], backward[r][c]
+                else:
+                    t, cost = b_done[g + 1][mb] + hop[(g + 1) % p], backward[r][c]
+                if t != t:  # NaN: what it waits for has not run
                     break
-                cost = (forward if kind == "F" else backward)[r][c]
-                start = max(free[r], t)
-                free[r] = start + cost
-                done[(kind, mb, g)] = free[r]
+                t_free = (t_free if t_free > t else t) + cost
                 busy[r] += cost
-                if kind == "B":
+                if kind == "F":
+                    f_done[g][mb] = t_free
+                    if i == 0:
+                        first_forward[r] = cost
+                else:
+                    b_done[g][mb] = t_free
                     last_backward[r] = cost
-                elif nxt[r] == 0:
-                    first_forward[r] = cost
-                nxt[r] += 1
+                i += 1
                 remaining -= 1
                 progressed = True
+            free[r], nxt[r] = t_free, i
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked (an order Megatron-Core would not run)")
     return ScheduleResult(time=max(free), busy=busy, finish=free, last_backward=last_backward,
