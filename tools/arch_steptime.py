@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_sat.archs import ARCHS
 from megatron_sat.model.args import model_args
+from megatron_sat.model.sizes import PAPER_SCALES
 from megatron_sat.profiling.steptime import cluster, layout_from_args, predict_step
 from megatron_sat.profiling.steptime.published import replace_block
 from megatron_sat.training.planner import default_cluster, resolve_args
@@ -75,10 +76,15 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--update-docs", action="store_true", help="rewrite the arch table of docs/step_time.md")
     args = parser.parse_args()
+    scales = [s.strip() for s in args.scales.split(",")]
+    unknown = [s for s in scales if s not in PAPER_SCALES]
+    if unknown:
+        print(f"arch_steptime: unknown scale(s) {', '.join(unknown)}; use {', '.join(PAPER_SCALES)}", file=sys.stderr)
+        return 2
     try:
-        rows = [r for s in args.scales.split(",") for r in rows_for(s.strip(), args.gpu, args.nodes)]
-    except (KeyError, ValueError) as e:
-        print(f"arch_steptime: {e}; scales are 130M, 340M, 760M, 1.3B", file=sys.stderr)
+        rows = [r for s in scales for r in rows_for(s, args.gpu, args.nodes)]
+    except ValueError as e:
+        print(f"arch_steptime: {e}", file=sys.stderr)
         return 2
     if args.update_docs:
         docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "step_time.md")
