@@ -19,8 +19,22 @@ from megatron_sat import archs
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.world import world_from_env  # torchrun's or srun's world, without importing torch
 from megatron_sat.training import megatron_lm_flags
-from megatron_sat.training.argument_checks import argument_errors
+from megatron_sat.training.argument_checks import argument_errors, refusal
 from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a refusal of one line (`PROG: error: ...`, exit 2) in place of the usage and the error: an
+    unrecognized flag or a bad value is one problem among the others, not a 120-line dump; --help keeps the usage."""
+
+    def error(self, message):
+        self.exit(2, refusal(self.prog, [message]) + "\n")
+
+
+def refuse(prog: str, errors: List[str]):
+    """Print the problems as one line and exit 2 (nothing is written)."""
+    sys.stderr.write(refusal(prog, errors) + "\n")
+    sys.exit(2)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -75,7 +89,7 @@ def add_model_flags(add) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="megatron-sat-train",
         description="Pretrain a Transformer / ResFormer / SATFormer (or the DenseFormer, MUDDFormer and "
                     "Hyper-Connections baselines) on Megatron-Core. Precedence: recipe < config file < command "
@@ -325,7 +339,9 @@ def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argpars
     not read (the trainer reads it). What every tool that reasons about a run works on: the planner, the dry run,
     the throughput profiler (profiling/settings.py), the Slurm sweep (its run names and TRAIN_ITERS) and the
     monitor. ValueError with the resolution's problems (an unknown recipe, an unreadable config file, a missing
-    model shape, two values given for one setting); argparse exits 2 on an unknown flag, as the trainer does."""
+    model shape, two values given for one setting, an unrecognized flag); a bad value of a flag exits 2 with one line,
+as the trainer does. The values are not checked here: argument_checks.argument_errors does that (the planner and the
+dry run call it with their target)."""
     argv = (["--recipe", recipe] if recipe else []) + list(overrides)
     args, _, errors = _resolve(argv, read_files=False)
     if errors:
@@ -334,18 +350,19 @@ def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argpars
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """The trainer's arguments: recipe < config file < command line, resolved (resolve_args), then printed and
-    exit 0 (--print-config) or validated (exit 2 with what to fix)."""
+    """The trainer's arguments: recipe < config file < command line, resolved (resolve_args), checked (every
+    problem at once, one line, exit 2: the layers', unrecognized flags and the values'), then printed and exit 0
+    (--print-config: the values are checked, nothing on disk) or returned. The checks that need the GPU and
+    Transformer Engine run again in trainer.configure, where they are known."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, parser, errors = resolve_args(argv)
-    if args.print_config and not errors:
+    errors += argument_errors(args, world_from_env(), inputs=not args.print_config)
+    if errors:
+        refuse(parser.prog, errors)
+    if args.print_config:
         sys.stdout.write(dump_config(args, parser))
         sys.stdout.flush()
         sys.exit(0)
-    if not args.print_config:  # every problem at once: the layers' and the values'
-        errors += argument_errors(args, world_from_env())
-    if errors:
-        parser.error("invalid arguments:\n  " + "\n  ".join(errors))
     return args
 
 
@@ -360,7 +377,7 @@ def resolve_args(argv: List[str]):
     try:
         return _resolve(argv, read_files=True)
     except ValueError as e:
-        build_parser().error(str(e))
+        refuse(build_parser().prog, [str(e)])
 
 
 def _resolve(argv: List[str], read_files: bool):
@@ -376,12 +393,14 @@ def _resolve(argv: List[str], read_files: bool):
     parser.set_defaults(**config)
     if recipe:
         parser.set_defaults(recipe=recipe)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     # where each value came from: 1 recipe, 2 config file, 3 command line (0: the built-in default)
     level = {k: 1 for k, v in from_recipe.items() if v is not None}
     level.update({k: 2 for k, v in config.items() if v is not None})
     level.update({k: 3 for k in given})
     errors = _resolve_layers(args, level, read_files) + megatron_lm_flags.resolve(args, level)
+    if unknown:  # reported with the other problems (argparse would stop at it with its usage)
+        errors.insert(0, f"unrecognized arguments: {' '.join(unknown)} (--help lists the flags)")
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", recipe_folder_name(args.recipe) if args.recipe else "run")
     return args, parser, errors

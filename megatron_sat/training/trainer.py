@@ -35,6 +35,7 @@ from megatron_sat.parallel.layout import initialize, validate
 from megatron_sat.parallel.process_group import init_from_env
 from megatron_sat.training import checkpointing as ckpt
 from megatron_sat.training import megatron_lm_flags, schedule
+from megatron_sat.training.argument_checks import refusal, target_errors
 from megatron_sat.training.arguments import build_parser
 from megatron_sat.training.config_file import config_dict
 from megatron_sat.training.data import build_iterators, tokenizer_and_data
@@ -51,7 +52,11 @@ from megatron_sat.training.watchdog import Watchdog, enable_flight_recorder
 
 
 class UsageError(ValueError):
-    """Bad input found before anything is built: printed as one line, exit 2."""
+    """Bad input found before anything is built: its args are the problems, printed as one line
+    (argument_checks.refusal), exit 2."""
+
+    def __str__(self) -> str:
+        return "; ".join(map(str, self.args))
 
 
 @dataclass
@@ -118,7 +123,7 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
         resume, pretrained, tokenizer, data = check_inputs(args, setup, log)
         schedule_mode = choose_schedule(args, resume, log)
     except UsageError as err:  # every rank sees the same error: report it once, build nothing
-        log(f"megatron-sat-train: error: {err}")
+        log(refusal("megatron-sat-train", err.args))
         if lock is not None:
             lock.release(remove_empty_folder=True)
         return 2
@@ -159,22 +164,15 @@ def take_run_lock(save: str, log):
 
 
 def configure(args, log) -> Setup:
-    """The model config and layout, checked against the world size and the backend (UsageError)."""
+    """The model config and layout, checked against the world size and the backend (UsageError with every problem:
+    argument_checks.argument_errors' checks that need the GPU and Transformer Engine, and the layout's)."""
     world = torch.distributed.get_world_size()
-    try:
-        bf16, dist_opt, dtype, layout = precision_and_layout(args)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    backend = {"local": "local", "transformer_engine": "te"}.get(args.transformer_impl) or (
-        "te" if te_available() else "local")
-    if backend == "te" and not te_available():
-        raise UsageError("--transformer-impl transformer_engine needs Transformer Engine on a GPU")
-    if args.fp8_format and backend != "te":
-        raise UsageError("--fp8-format needs Transformer Engine on a GPU")
-    if args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32:
-        raise UsageError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict: give one")
-    if args.grad_reduce_in_bf16 and not bf16:
-        raise UsageError("--grad-reduce-in-bf16 needs --bf16 (the gradients are in fp32 otherwise)")
+    gpu, te = torch.cuda.is_available(), te_available()
+    errors = target_errors(args, gpu=gpu, te=te)
+    if errors:
+        raise UsageError(*errors)
+    bf16, dist_opt, dtype, layout = precision_and_layout(args, gpu=gpu)
+    backend = {"local": "local", "transformer_engine": "te"}.get(args.transformer_impl) or ("te" if te else "local")
     dp = layout.dp(world)
     num_micro = args.global_batch_size // (args.micro_batch_size * dp) if dp else None  # None: validate says why
     try:
