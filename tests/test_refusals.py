@@ -96,3 +96,23 @@ def test_plan_layout_and_dry_run_see_the_clash():
     assert report.usage_error and not report.roles and report.layout == "?"
     assert report.failure == ("--fp16 and --bf16 contradict: give one; --grad-reduce-in-bf16 and "
                               "--accumulate-allreduce-grads-in-fp32 contradict: give one"), report.failure
+
+
+def test_evaluate_refusals_are_one_line(tmp_path, capsys):
+    """tools/evaluate.py's own form (analysis/evaluate_command.py): every problem at once, one line, exit 2, no
+    output folder made."""
+    from megatron_sat.analysis.evaluate_command import parse
+
+    with pytest.raises(SystemExit) as e:
+        parse(["--checkpoint", str(tmp_path / "none"), "--tasks", "x", "--tensor-model-parallel-size", "2",
+               "--output", str(tmp_path / "out")], world=1)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "usage:" not in err, err
+    found = problems(err)
+    assert len(found) == 2 and "is not a folder" in found[0] and "needs exactly that many processes" in found[1]
+    assert not os.path.exists(tmp_path / "out")
+    with pytest.raises(SystemExit) as e:  # argparse's own errors: one line too
+        parse(["--tasks", "x"], world=1)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err == "megatron-sat-evaluate: error: one of the arguments --model --checkpoint is " \
+                                        "required"
