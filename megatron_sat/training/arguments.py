@@ -13,7 +13,7 @@ bad input fails in about a second with a clear message and leaves no checkpoint 
 import argparse
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from megatron_sat import archs
 from megatron_sat.model import args as model_args  # no torch
@@ -332,6 +332,35 @@ def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentPar
     return defaults
 
 
+# where a value came from, lowest first: each layer overrides the ones before it
+SOURCES = ("default", "recipe", "config", "flag")
+
+
+class Resolution(NamedTuple):
+    """What the resolver found: the arguments, where each came from and what each layer said."""
+
+    args: argparse.Namespace
+    sources: Dict[str, str]   # {dest: one of SOURCES} for every argument (derived values: their own flag's source)
+    defaults: dict            # the built-in defaults
+    recipe: dict              # the recipe's values ({} without one)
+    config: dict              # the config file's values ({} without one)
+
+    def given(self, *layers: str) -> dict:
+        """{dest: resolved value} of the arguments that came from `layers` (e.g. "recipe", "config")."""
+        return {k: getattr(self.args, k) for k, src in self.sources.items() if src in layers}
+
+
+def resolve_layers(recipe: Optional[str], overrides: Sequence[str] = ()) -> Resolution:
+    """recipe_args with where each value came from (Resolution): the tools that ask what a recipe or a config file
+    set (the throughput profiler's defaults, the sweep's run names) read it here instead of reading the layers
+    again. ValueError as recipe_args."""
+    argv = (["--recipe", recipe] if recipe else []) + list(overrides)
+    resolution, errors = _resolve(argv, read_files=False)[::2]
+    if errors:
+        raise ValueError("; ".join(errors))
+    return resolution
+
+
 def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argparse.Namespace:
     """The trainer's arguments for `recipe` (None: no recipe) with command-line `overrides`, which may hold
     --config FILE, resolved by the trainer's own layers (resolve_args: recipe < config file < command line, then
@@ -342,11 +371,7 @@ def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argpars
     model shape, two values given for one setting, an unrecognized flag); a bad value of a flag exits 2 with one line,
 as the trainer does. The values are not checked here: argument_checks.argument_errors does that (the planner and the
 dry run call it with their target)."""
-    argv = (["--recipe", recipe] if recipe else []) + list(overrides)
-    args, _, errors = _resolve(argv, read_files=False)
-    if errors:
-        raise ValueError("; ".join(errors))
-    return args
+    return resolve_layers(recipe, overrides).args
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -375,14 +400,15 @@ def resolve_args(argv: List[str]):
     both; then what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
     --data-args-path), with the problems found there. An unreadable config file or recipe exits 2 at once."""
     try:
-        return _resolve(argv, read_files=True)
+        resolution, parser, errors = _resolve(argv, read_files=True)
+        return resolution.args, parser, errors
     except ValueError as e:
         refuse(build_parser().prog, [str(e)])
 
 
 def _resolve(argv: List[str], read_files: bool):
-    """resolve_args; ValueError for an unreadable config file or recipe. read_files=False leaves --data-args-path
-    unread (the tools that plan or name a run need no data)."""
+    """(Resolution, parser, errors) as resolve_args; ValueError for an unreadable config file or recipe.
+    read_files=False leaves --data-args-path unread (the tools that plan or name a run need no data)."""
     base = build_parser()
     given = explicit_dests(base, argv)  # the flags on the command line
     config = read_config(given["config"], base) if given.get("config") else {}
@@ -403,7 +429,9 @@ def _resolve(argv: List[str], read_files: bool):
         errors.insert(0, f"unrecognized arguments: {' '.join(unknown)} (--help lists the flags)")
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", recipe_folder_name(args.recipe) if args.recipe else "run")
-    return args, parser, errors
+    sources = {dest: SOURCES[level.get(dest, 0)] for dest in _dests(parser) if dest != "help"}
+    defaults = {a.dest: a.default for a in base._actions if a.dest != "help"}
+    return Resolution(args, sources, defaults, from_recipe, config), parser, errors
 
 
 def recipe_folder_name(recipe: str) -> str:
