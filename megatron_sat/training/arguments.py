@@ -11,6 +11,7 @@ bad input fails in about a second with a clear message and leaves no checkpoint 
 """
 
 import argparse
+import importlib.util
 import os
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence
@@ -381,7 +382,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     Transformer Engine run again in trainer.configure, where they are known."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, parser, errors = resolve_args(argv)
-    errors += argument_errors(args, world_from_env(), inputs=not args.print_config)
+    # Transformer Engine: known absent when it is not installed (whether it runs on a GPU: trainer.configure)
+    te = False if importlib.util.find_spec("transformer_engine") is None else None
+    errors += argument_errors(args, world_from_env(), inputs=not args.print_config, te=te)
     if errors:
         refuse(parser.prog, errors)
     if args.print_config:
