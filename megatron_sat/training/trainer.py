@@ -22,7 +22,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -120,21 +120,20 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     try:
         setup = configure(args, log)
         lock = take_run_lock(args.save, log)  # before anything is written into the run folder
-        resume, pretrained, tokenizer, data = check_inputs(args, setup, log)
-        schedule_mode = choose_schedule(args, resume, log)
+        inputs = check_inputs(args, setup, log)
     except UsageError as err:  # every rank sees the same error: report it once, build nothing
         log(refusal("megatron-sat-train", err.args))
         if lock is not None:
             lock.release(remove_empty_folder=True)
         return 2
     try:
+        resume = inputs.resume
         if resume is not None and resume.iteration >= args.train_iters:
             log(f"nothing to do: {resume.directory} is at iteration {resume.iteration} of --train-iters "
                 f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
             return 0
         try:
-            loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner,
-                        schedule_mode=schedule_mode)
+            loop = Loop(args, setup, inputs, stop, t_start, log, task_runner)
         except ckpt.CheckpointError as err:
             log(f"megatron-sat-train: error: {err}")
             return 2
@@ -188,9 +187,25 @@ def configure(args, log) -> Setup:
                  model_record(config))  # config.json and every checkpoint record the model's ModelArgs
 
 
-def check_inputs(args, setup: Setup, log):
-    """(resume point, pretrained point, tokenizer, data): what --load and --pretrained-checkpoint hold, checked
-    against the model asked for, and the data against the tokenizer (UsageError)."""
+class Inputs(NamedTuple):
+    """What a run starts from, checked (check_inputs): the checkpoint to resume or the weights to start from, the
+    tokenizer and the data, and whose LR schedule a resume follows."""
+
+    resume: Optional[object]      # checkpointing.ResumePoint of --load, or None
+    pretrained: Optional[object]  # the ResumePoint whose weights start the run (--pretrained-checkpoint, --finetune)
+    tokenizer: object
+    data: object
+    schedule_mode: str = schedule.OVERRIDE  # schedule.OVERRIDE or schedule.CHECKPOINT (choose_schedule)
+
+
+def check_inputs(args, setup: Setup, log) -> Inputs:
+    """What --load and --pretrained-checkpoint hold, checked against the model asked for, the data against the
+    tokenizer, and whose LR schedule a resume follows (UsageError)."""
+    resume, pretrained, tokenizer, data = _points_and_data(args, setup, log)
+    return Inputs(resume, pretrained, tokenizer, data, choose_schedule(args, resume, log))
+
+
+def _points_and_data(args, setup: Setup, log):
     def find(root, step=None, reader=None):
         return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log,
                                       reader=reader)
@@ -244,9 +259,13 @@ def followed_schedule(scheduler) -> dict:
 class Loop:
     """The built run: model, optimizer, scheduler, data, saver, monitor; run() trains it."""
 
-    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None,
-                 schedule_mode: str = "override"):
+    def __init__(self, args, setup: Setup, inputs: Inputs, stop: StopSignal, t_start: float, log, task_runner=None):
+        """args: the run's arguments; setup: configure's model config and layout; inputs: check_inputs' resume
+        point, weights, tokenizer, data and schedule; stop: the signals; t_start: when the job started
+        (--exit-duration-in-mins); task_runner: see train."""
         self.args, self.setup, self.stop, self.t_start, self.log = args, setup, stop, t_start, log
+        resume, pretrained, tokenizer, data = inputs.resume, inputs.pretrained, inputs.tokenizer, inputs.data
+        schedule_mode = inputs.schedule_mode
         stop.kept = lambda: f"{_describe_checkpoint(args.save)}; resume with --load {args.save}"
         rank = torch.distributed.get_rank()
         if rank == 0 and os.path.isdir(args.save):
