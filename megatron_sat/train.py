@@ -34,17 +34,16 @@ def main(argv=None) -> int:
         logging.getLogger("megatron").setLevel(logging.ERROR)
     # torch and megatron-core are imported after the arguments are parsed (--help and bad input answer at once)
     # and after the warning filters above (megatron-core warns at import)
+    from megatron_sat.parallel.process_group import teardown
     from megatron_sat.training.trainer import train
 
     task_runner = None
     if args.eval_tasks:  # lm-eval on the model being trained (the trainer may not import analysis/)
         from megatron_sat.analysis.training_tasks import TaskRunner as task_runner  # lm-eval: optional (eval extra)
-    code = train(args, task_runner=task_runner)
-    import torch  # not at the top, for the same start-up reason (the trainer imported it already)
-
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    return code
+    try:
+        return train(args, task_runner=task_runner)
+    finally:
+        teardown()
 
 
 if __name__ == "__main__":

@@ -33,10 +33,6 @@ SIZES = {
        (("small", "130M"), ("medium", "340M"), ("large", "760M"), ("xl", "1.3B"))},
 }
 
-# the paper's peak learning rates per size (min lr = 0.1 x lr)
-PAPER_LR = {"small": 2e-3, "medium": 1.5e-3, "large": 1e-3, "xl": 8e-4}
-
-
 def register(name: str = None):
     """Decorator: add a recipe function to RECIPES under `name` (default: the function's name)."""
 

@@ -33,12 +33,13 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Callable
+
+from megatron_sat.parallel.world import free_port
 
 __all__ = ["run_distributed", "init_megatron", "free_port", "DistributedTestError"]
 
@@ -48,13 +49,6 @@ _REPO = os.path.dirname(_HERE)
 
 class DistributedTestError(RuntimeError):
     """A rank of :func:`run_distributed` failed or timed out; the message holds its traceback."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _fn_spec(fn) -> str:

@@ -42,11 +42,12 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from typing import Dict, List, Optional
+
+from megatron_sat.parallel.world import free_port
 
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "munged": "munge"}
 ACCOUNTING_PACKAGES = {"slurmdbd": "slurmdbd", "mariadbd": "mariadb-server", "mariadb": "mariadb-client"}
@@ -84,12 +85,6 @@ def check_installed(accounting: bool = False) -> None:
     if os.environ.get("MSAT_REQUIRE_SLURM") == "1":
         raise RuntimeError(f"MSAT_REQUIRE_SLURM=1 but {message}")
     raise SlurmUnavailable(message)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node_line() -> str:
@@ -231,7 +226,7 @@ class SlurmCluster:
         r = self.root
         db = os.path.join(r, "mysql")
         os.makedirs(os.path.join(db, "data"), exist_ok=True)
-        self.db_port, self.dbd_port = _free_port(), _free_port()
+        self.db_port, self.dbd_port = free_port(), free_port()
         self.procs["mariadbd"] = subprocess.Popen(
             [_which("mariadbd"), "--no-defaults", f"--datadir={db}/data", "--user=root", "--skip-grant-tables",
              "--bind-address=127.0.0.1", f"--port={self.db_port}", f"--socket={db}/mysqld.sock",
@@ -309,8 +304,8 @@ class SlurmCluster:
             # one machine (two test sessions at once) would otherwise give their first jobs the same port
             f"FirstJobId={random.randrange(1, 15000)}",
             f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",  # a multi-node cluster gives each node a Port= of its own
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",  # a multi-node cluster gives each node a Port= of its own
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -356,7 +351,7 @@ class SlurmCluster:
             hardware = re.sub(r"^NodeName=\S+\s*", "", node)
             for name in self.nodes:
                 os.makedirs(os.path.join(r, "spool", name), exist_ok=True)
-                lines.append(f"NodeName={name} NodeAddr=127.0.0.1 Port={_free_port()} {hardware} State=UNKNOWN")
+                lines.append(f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} {hardware} State=UNKNOWN")
         lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE "
                      "State=UP")
         with open(self.conf, "w") as f:

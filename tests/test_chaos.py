@@ -1,4 +1,4 @@
-"""The chaos run at test size: tools/chaos.py with 10 faults (every kind once) over a two-run sweep on the private
+"""The chaos run at test size: tests/chaos/chaos.py with 10 faults (every kind once) over a two-run sweep on the private
 two-node Slurm cluster (tests/slurm_cluster.py), as its command line runs it.
 
     .venv/bin/python -m pytest -q -ra tests/test_chaos.py        # 280-370 s on 2 shared cores
@@ -20,8 +20,8 @@ import pytest
 from slurm_cluster import SlurmUnavailable, check_installed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import chaos_faults  # noqa: E402  (tools/chaos_faults.py: the kinds of fault)
+sys.path.insert(0, os.path.join(ROOT, "tests", "chaos"))
+import chaos_faults  # noqa: E402  (tests/chaos/chaos_faults.py: the kinds of fault)
 import chaos_sweep  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -35,7 +35,7 @@ def test_ten_faults_over_a_sweep_end_bit_identical_to_a_fault_free_run(tmp_path)
     if os.geteuid() != 0:
         pytest.skip("the chaos run mounts a tmpfs per run folder (the full-disk fault): needs root")
     out = tmp_path / "chaos"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "chaos.py"), "--faults", "10", "--seed", "3",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "chaos", "chaos.py"), "--faults", "10", "--seed", "3",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
     report = out / "chaos.json"
     assert report.is_file(), proc.stdout[-5000:] + proc.stderr[-5000:]

@@ -128,6 +128,11 @@ def test_wheel_holds_every_module_and_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = sorted(_source_files() - names)
     assert not missing, f"the wheel lacks {len(missing)} file(s) of the source tree: {missing}"
+    # and what it ships can import there: no shipped module reaches into tests/ (the chaos harness lives there)
+    helpers = "|".join(n[:-3] for n in os.listdir(os.path.join(ROOT, "tests")) if n.endswith(".py")) + "|chaos_\\w+"
+    reaching = [n for n in sorted(names) if n.endswith(".py") and re.search(
+        rf'^\s*(import|from)\s+({helpers})\b|ROOT, "tests"', zipfile.ZipFile(wheel).read(n).decode(), flags=re.M)]
+    assert not reaching, f"shipped modules that import the tests' helpers (not in the wheel): {reaching}"
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     scripts = re.findall(r"^(megatron-sat-[\w-]+) = ", entry_points, flags=re.M)
     assert {"megatron-sat-train", "megatron-sat-submit-grid", "megatron-sat-convert-to-hf",

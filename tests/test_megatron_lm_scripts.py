@@ -17,6 +17,7 @@ from train_cli import ROOT, rows, train
 
 from megatron_sat.model.flops import peak_tflops_of
 from megatron_sat.training import megatron_lm_flags
+from megatron_sat.training.argument_checks import problems
 from megatron_sat.training.arguments import parse_args
 from megatron_sat.training.profiler import StepProfiler, bubble_fraction
 
@@ -101,8 +102,9 @@ def _refused(argv, capsys) -> str:
 
 
 def _problems(err: str) -> list:
-    """The lines of an 'invalid arguments:' refusal, one per problem."""
-    return err.split("invalid arguments:")[1].strip().splitlines()
+    """The problems of a refusal: one line (argument_checks.refusal), one entry per problem."""
+    assert len(err.strip().splitlines()) == 1, err
+    return problems(err.strip())
 
 
 @pytest.mark.parametrize("flag, value, named", [

@@ -66,11 +66,12 @@ error (1.1x the max) must exceed the bf16 bound (test_a_bf16_bug_fails_the_bf16_
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from megatron_sat.parallel.world import free_port
 
 pytestmark = pytest.mark.slow  # multi-process: every layout on 4 gloo ranks
 
@@ -94,15 +95,9 @@ def _cases():
 CASES, MUTANTS = _cases()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(nproc: int, out: str, *extra: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--master-port={_free_port()}", WORKER, "--out", out, *extra]
+           f"--master-port={free_port()}", WORKER, "--out", out, *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     if proc.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")

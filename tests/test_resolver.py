@@ -170,3 +170,20 @@ def test_tools_refuse_what_the_trainer_refuses(tmp_path):
             resolve(recipe, flags)
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             planner.plan_recipe(recipe, flags)
+
+
+def test_the_resolver_says_where_each_value_came_from(files):
+    """resolve_layers: recipe < config file < flag, and each value's source; the layers' own values as they said
+    them (a flag over the config file over the recipe)."""
+    from megatron_sat.training.arguments import resolve_layers
+
+    r = resolve_layers(RECIPE, ["--config", files["over_recipe"], "--train-iters", "30", "--seed", "7"])
+    assert (r.args.num_layers, r.args.hidden_size, r.args.lr, r.args.train_iters, r.args.seed) == (4, 96, 0.002, 30, 7)
+    assert (r.sources["num_layers"], r.sources["hidden_size"], r.sources["lr"]) == ("recipe", "config", "config")
+    assert (r.sources["train_iters"], r.sources["seed"], r.sources["weight_decay"]) == ("flag", "flag", "recipe")
+    assert r.sources["tensor_model_parallel_size"] == "default" and r.args.tensor_model_parallel_size == 1
+    assert (r.recipe["hidden_size"], r.config["hidden_size"], r.config["train_iters"]) == (64, 96, 40)
+    assert r.defaults["train_iters"] == build_parser().get_default("train_iters")
+    assert r.given("config") == {"hidden_size": 96, "lr": 0.002}  # train_iters: the flag's
+    alone = resolve_layers(None, ["--config", files["alone"], "--hidden-size", "128"])
+    assert (alone.sources["num_layers"], alone.sources["hidden_size"], alone.recipe) == ("config", "flag", {})

@@ -2,18 +2,13 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
+from megatron_sat.parallel.world import free_port  # noqa: F401 - the tests import it from here
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cmd(nproc: int, args) -> list:

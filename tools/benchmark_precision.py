@@ -25,6 +25,10 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_sat.training.records import read_metrics
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECISIONS = {"fp32": "--no-bf16", "bf16": "--bf16"}
 
@@ -47,11 +51,9 @@ def train(out: str, precision: str, seed: int, extra: list) -> str:
 def curve(out: str, precision: str, seed: int, log: str) -> dict:
     """{step: validation loss} of a run, the final one under 'final'."""
     points = {}
-    with open(os.path.join(out, f"{precision}_s{seed}", "metrics.jsonl")) as f:
-        for line in f:
-            row = json.loads(line)
-            if "val_loss" in row:
-                points[row["step"]] = row["val_loss"]
+    for row in read_metrics(os.path.join(out, f"{precision}_s{seed}")):
+        if "val_loss" in row:
+            points[row["step"]] = row["val_loss"]
     finals = re.findall(r"final validation loss (\d+\.\d+)", log)
     if finals:
         points["final"] = float(finals[-1])

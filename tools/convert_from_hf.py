@@ -36,19 +36,17 @@ def main(argv=None) -> int:
         logging.getLogger("megatron").setLevel(logging.ERROR)
     # torch and megatron-core after the arguments (--help and bad input answer at once) and the warning filter
     from megatron_sat.conversion import ConversionError, import_hf
+    from megatron_sat.parallel.process_group import teardown
 
     try:
         import_hf(args.hf, args.save, trainer_argv, overwrite=args.overwrite)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        teardown()
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    import torch
-
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.exit(code)
+    sys.exit(main())

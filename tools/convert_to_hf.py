@@ -48,6 +48,7 @@ def main(argv=None) -> int:
         logging.getLogger("megatron").setLevel(logging.ERROR)
     # torch and megatron-core after the arguments (--help and bad input answer at once) and the warning filter
     from megatron_sat.conversion import ConversionError, export_checkpoint
+    from megatron_sat.parallel.process_group import teardown
 
     try:
         info = export_checkpoint(args.load, args.output, dtype=args.dtype, overwrite=args.overwrite,
@@ -57,6 +58,8 @@ def main(argv=None) -> int:
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        teardown()
     if args.verify and not info["max_rel_diff"] <= 1e-4:  # both run in float32 on the exported weights
         print(f"error: the export's logits differ from the checkpoint's (relative {info['max_rel_diff']:.2e})",
               file=sys.stderr)
@@ -65,9 +68,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    import torch
-
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.exit(code)
+    sys.exit(main())

@@ -29,11 +29,12 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the fake groups' teardo
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_sat.training.arguments import Parser  # one-line refusals, as the trainer's
 from megatron_sat.training.planner import ACTIVATION_TOLERANCE, DEFAULT_TOLERANCE, GPU_MEMORY_GIB, load_recipes
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", help="recipe name (recipes/, or module:function)")
     parser.add_argument("--config", metavar="FILE", help="the trainer's config file (YAML or JSON), over the recipe")
     parser.add_argument("--nodes", type=int, default=None)

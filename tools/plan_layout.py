@@ -28,8 +28,8 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.training.argument_checks import arch_flag_errors
-from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, plan_recipe, resolve_args
+from megatron_sat.training.arguments import Parser  # one-line refusals, as the trainer's
+from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, plan_recipe
 from recipes.paper import GRID  # importing the recipes package registers every recipe
 
 # what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
@@ -54,7 +54,7 @@ def memory_note(arch: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", help="recipe name (recipes/, or module:function)")
     parser.add_argument("--config", metavar="FILE", help="the trainer's config file (YAML or JSON), over the recipe")
     parser.add_argument("--all", action="store_true", help="plan every paper-grid recipe")
@@ -76,7 +76,6 @@ def main(argv=None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        plan.errors += arch_flag_errors(resolve_args(name, overrides))  # e.g. full recompute with a dense arch
         print(plan.format())
         if plan.memory and memory_note(plan.arch):
             print(memory_note(plan.arch))

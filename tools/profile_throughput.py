@@ -43,13 +43,14 @@ sys.path.insert(0, ROOT)
 
 from megatron_sat.archs import ARCHS  # (import-free: the help and the parser need no megatron)
 from megatron_sat.model.args import SHAPE  # no torch either
+from megatron_sat.training.arguments import Parser  # the trainer's one-line refusals (no torch)
 
 # The rest of the library (torch, megatron: profiling/settings.py and launch.py) is imported in main once the
 # command line is parsed, so that --help answers at once.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # one-line refusals
     a = p.add_argument
     a("--archs", nargs="+", default=list(ARCHS), help=f"archs to compare (default: all of {', '.join(ARCHS)})")
     a("--baseline", default="transformer", help="the arch every ratio divides by")

@@ -47,6 +47,7 @@ from megatron_sat.analysis.evaluation import MAIN_METRICS
 from megatron_sat.sweep.records import pending_entries, sweep_records
 from megatron_sat.sweep.slurm import ACTIVE_SLURM, add_final_states, sacct_states, squeue_states
 from megatron_sat.training.monitor import scale_name
+from megatron_sat.training.records import METRICS, parse_lines
 from megatron_sat.training.run_folder import read_tracker
 
 COLUMNS = ["run", "arch", "scale", "seed", "status", "step", "train_iters", "params", "non_embedding_params",
@@ -106,22 +107,19 @@ def read_metrics(path: str) -> List[dict]:
         raise GridError(f"{path}: missing (a run folder needs config.json and metrics.jsonl)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise GridError(f"{path}: unreadable ({e})") from None
-    lines = text.split("\n")
-    out = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    good, bad = parse_lines(text)  # the one metrics reader (training/records.py); here a bad line is an error
+    last = len(text.splitlines())
+    for number, line in bad:
+        if number == last and not text.endswith("\n"):  # no newline after it: being written, or cut by a crash
+            print(f"warning: {path}: its last line is cut short (a write in progress, or a crash): left out",
+                  file=sys.stderr)
             continue
         try:
-            record = json.loads(line)
+            json.loads(line)
         except ValueError:
-            if number == len(lines):  # no newline after it: being written, or cut by a crash
-                print(f"warning: {path}: its last line is cut short (a write in progress, or a crash): left out",
-                      file=sys.stderr)
-                continue
             raise GridError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            raise GridError(f"{path}: line {number} is not a metrics record (no integer 'step')")
-        out.append(record)
+        raise GridError(f"{path}: line {number} is not a metrics record (no integer 'step')")
+    out = [record for _, record in good]
     return out
 
 
@@ -208,7 +206,7 @@ def eval_scores(folder: str) -> dict:
 def read_run(folder: str, slurm: Optional[Dict[str, str]] = None, stale_s: float = 3600.0) -> dict:
     """One grid row (module docstring) plus 'curve': [(wall hours, validation loss)] for the figures."""
     config = read_json(os.path.join(folder, "config.json"))
-    metrics_path = os.path.join(folder, "metrics.jsonl")
+    metrics_path = os.path.join(folder, METRICS)
     records = read_metrics(metrics_path)
     train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_loss" in r]

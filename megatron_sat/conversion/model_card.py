@@ -18,6 +18,7 @@ from typing import Optional
 from huggingface_hub import ModelCardData
 
 from megatron_sat.archs import VALUE_RESIDUAL
+from megatron_sat.training.records import read_metrics
 
 PAPER_CITATION = """@article{gunasekaran2026satformer,
   title   = {Transformers with Selective Access to Early Representations},
@@ -32,18 +33,10 @@ ARCH_NAMES = {"satformer": "SATFormer", "resformer": "ResFormer", "transformer":
 
 def final_validation_loss(run_dir: Optional[str], iteration: Optional[int]):
     """(step, val_loss) of the last validation at or before `iteration` in run_dir/metrics.jsonl, or None."""
-    path = os.path.join(run_dir, "metrics.jsonl") if run_dir else None
-    if not path or not os.path.isfile(path):
-        return None
     last = None
-    with open(path) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if "val_loss" in row and (iteration is None or row.get("step", 0) <= iteration):
-                last = (row["step"], row["val_loss"])
+    for row in read_metrics(run_dir) if run_dir else []:
+        if "val_loss" in row and (iteration is None or row["step"] <= iteration):
+            last = (row["step"], row["val_loss"])
     return last
 
 

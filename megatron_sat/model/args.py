@@ -9,7 +9,7 @@ its facts as metadata (`model_field`):
                 but not a flag yet
     help        the flag's help
     resume      must match for a checkpoint to be resumed or its weights loaded (run_folder.model_differences)
-    names_run   another value is another run (its run folder's name, training/sweep.py; arguments.py's tag)
+    names_run   another value is another run (its run folder's name, sweep/plan.py; arguments.py's tag)
     megatron    Megatron-LM's flag for the same setting (None: Megatron-LM has none); it takes the field's value, or,
                 a switch, gives the field's default (--swiglu: gated_linear_unit True; --disable-bias-linear:
                 add_bias_linear False), so that a Megatron-LM command line can be checked against the model
@@ -24,7 +24,9 @@ importer and lm-eval's checkpoint loader (`from_record`: a checkpoint's recorded
 way). LEGACY_DEFAULTS is the one place that says what runs written before a field existed used.
 
 Adding a switch is one field here and its use in the model: it becomes a flag, a config field, a recorded
-value and (resume=True) a resume check, and the conversion carries it.
+value and (resume=True) a resume check. The Hugging Face conversion does not carry it by itself: an export writes
+no config.json key for it and an import takes its default, until the arch's mapping (conversion/mapping.py) writes
+and reads one.
 
 Per-arch parameter facts sit beside it: `layer_parameters` (one layer's parameters by part, as built) and
 `model_parameters` (the whole model's), which model/sizes.py, the planner and the dry run read.

@@ -4,20 +4,20 @@ The trainer, the conversion tools, the profiler and the CPU smoke test all start
 """
 
 import os
-import socket
 from datetime import timedelta
 from typing import Optional
 
 import torch
 
 from megatron_sat import compat
-from megatron_sat.parallel.world import in_slurm_step
+from megatron_sat.parallel.world import free_port, in_slurm_step
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def teardown() -> None:
+    """Destroy the default process group if this process started one (the end of every program that calls
+    init_from_env: the trainer and both conversion tools)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def init_from_env(single_only: bool = False, timeout_minutes: Optional[float] = None) -> None:

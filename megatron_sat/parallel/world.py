@@ -8,6 +8,7 @@ checks run before any heavy import).
 """
 
 import os
+import socket
 from typing import Mapping, Optional
 
 
@@ -26,3 +27,10 @@ def world_from_env(default: int = 1) -> int:
     if in_slurm_step(env):
         return int(env["SLURM_NTASKS"])
     return default
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (a lone rank's MASTER_PORT, a test's torchrun)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

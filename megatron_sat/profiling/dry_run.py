@@ -46,6 +46,7 @@ from megatron_sat import compat
 from megatron_sat.parallel.layout import destroy, initialize
 from megatron_sat.profiling.step_benchmark import SavedBytes
 from megatron_sat.training import planner  # looked up at call time: tests substitute a wrong planner figure
+from megatron_sat.training.argument_checks import argument_errors
 from megatron_sat.training.arguments import recipe_args
 from megatron_sat.training.setup import precision_and_layout
 from megatron_sat.training.step import gpt_forward_step, run_forward_backward, setup_model_and_optimizer
@@ -357,6 +358,10 @@ def dry_run(args, *, recipe: str, nodes: int, gpus_per_node: int, gpu: str, tole
     args.bf16, args.use_distributed_optimizer = target.bf16, target.distributed_optimizer  # the distributed optimizer)
     report = DryRunReport(recipe=recipe, layout="?", world=world, gpu=gpu, tolerance=tolerance,
                           activation_tolerance=activation_tolerance)
+    problems = argument_errors(args, None, inputs=False, gpu=gpu != "cpu", te=gpu != "cpu")  # as parse_args does
+    if problems:  # the layout's problems come from the trainer's configure below, in its words
+        report.failure, report.usage_error = "; ".join(problems), True
+        return report
     with _quiet():
         try:
             _init_fake_world(world, 0)

@@ -4,7 +4,6 @@ existing torchrun/srun job, then the merged table, figures and notes (profiling/
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import torch
 from megatron_sat import compat
 from megatron_sat.model.flops import peak_tflops_of
 from megatron_sat.parallel.process_group import init_from_env
+from megatron_sat.parallel.world import free_port
 from megatron_sat.profiling import report, throughput
 from megatron_sat.profiling import settings as resolution
 
@@ -45,12 +45,6 @@ def run(settings: dict) -> int:
     return _report(settings, records)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(spec: dict, world: int, tag: str) -> dict:
     """One worker launch (torchrun when world > 1); its raw record, or SystemExit with the log tail."""
     out = spec["out_dir"]
@@ -61,10 +55,10 @@ def _launch(spec: dict, world: int, tag: str) -> dict:
         json.dump(spec, f, indent=1)
     worker = ["-m", "megatron_sat.profiling.throughput", "--spec", spec_path, "--out", raw_path]
     cmd = [sys.executable] + (["-m", "torch.distributed.run", f"--nproc-per-node={world}",
-                               f"--master-port={_free_port()}"] if world > 1 else []) + worker
+                               f"--master-port={free_port()}"] if world > 1 else []) + worker
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     if world == 1:  # a lone rank, whatever Slurm variables this shell inherited
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     log_path = os.path.join(out, "logs", f"{tag}.log")
     t0 = time.time()
     with open(log_path, "w") as log:

@@ -3,7 +3,7 @@
     from megatron_sat.profiling.settings import resolve
     spec = resolve(options)        # options: tools/profile_throughput.py's parsed command line; ValueError: exit 2
 
-Arguments: the trainer's, as arguments.py resolves them (recipe_args: the trainer's layers) for --recipe NAME
+Arguments: the trainer's, as arguments.py resolves them (resolve_layers: the layers and each value's source) for --recipe NAME
 (default debug_transformer) and/or --config FILE (the trainer's config file, over the recipe), or --scale S (a
 paper scale: the recipe satformer_S; a recipes.SIZES shape: the trainer's defaults with that shape), then the
 tool's flags over them (--tp is --tensor-model-parallel-size, --precision --bf16, --recompute
@@ -27,8 +27,7 @@ from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.layout import validate
 from megatron_sat.parallel.world import world_from_env
 from megatron_sat.training.argument_checks import arch_flag_errors, world_errors
-from megatron_sat.training.arguments import build_parser, recipe_args, recipe_defaults
-from megatron_sat.training.config_file import read_config
+from megatron_sat.training.arguments import resolve_layers
 from megatron_sat.training.setup import model_config, precision_and_layout
 
 ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
@@ -74,11 +73,10 @@ def trainer_args(options: argparse.Namespace) -> Tuple[argparse.Namespace, str]:
         # profiled arch then sets its own, as with a recipe)
         flags = [w for k, v in given.items() for w in (f"--{k.replace('_', '-')}", str(v))] + [
             "--train-iters", "1", "--arch", "transformer"]
-    args = recipe_args(recipe, flags)  # ValueError for an unknown recipe, an unreadable config file, no shape
+    resolution = resolve_layers(recipe, flags)  # ValueError: an unknown recipe, an unreadable config file, no shape
+    args = resolution.args
     if given is None:  # what the recipe and the config file set (the profiler's defaults fill the rest)
-        given = recipe_defaults(args.recipe)
-        if config:
-            given.update({k: v for k, v in read_config(config, build_parser()).items() if v is not None})
+        given = resolution.given("recipe", "config")
     for key, value in PROFILER_DEFAULTS.items():
         if given.get(key) is None:
             setattr(args, key, value)

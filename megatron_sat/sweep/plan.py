@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
 from megatron_sat.archs import BASELINES
 from megatron_sat.training.argument_checks import arch_flag_errors
-from megatron_sat.training.arguments import build_parser, recipe_args, recipe_folder_name, unnamed_dests
+from megatron_sat.training.arguments import recipe_folder_name, resolve_layers, unnamed_dests
 from megatron_sat.training.planner import format_tokens, make_plan  # light: megatron-core only inside make_plan
 from recipes.paper import cluster, recipe_name
 
@@ -34,19 +34,18 @@ CLUSTER_KEYS = ("nodes", "gpus_per_node", "gpu", "time")  # an entry's cluster s
 
 def resolve(recipe: Optional[str], overrides: Sequence[str] = ()):
     """(trainer args Namespace, run name) for a recipe + trainer flags (which may hold --config FILE), resolved by
-    the trainer's own layers (arguments.recipe_args): train_iters is the trainer's figure (after --train-samples).
+    the trainer's own layers (arguments.resolve_layers): train_iters is the trainer's figure (after --train-samples).
     The name hashes resolved values, never a config file's path: a run named by an in-repository recipe hashes what
     differs from the recipe; an external recipe (module:function, path.py:function; named by its function) or none
     (a config file alone; named `run`) hashes what differs from the trainer's defaults. ValueError: see
     recipe_args."""
-    parser = build_parser()
-    defaults = {a.dest: a.default for a in parser._actions}
-    args = recipe_args(recipe, overrides)
+    resolution = resolve_layers(recipe, overrides)  # the values, and what the defaults and the recipe said
+    args = resolution.args
     recipe = args.recipe  # a config file may name it
-    baseline = dict(defaults)
+    baseline = dict(resolution.defaults)
     if recipe and ":" not in recipe:
-        baseline.update(recipes.get(recipe))
-    skip = unnamed_dests(parser) | set(NAMED)
+        baseline.update(resolution.recipe)
+    skip = unnamed_dests() | set(NAMED)
     # values the resolution derived rather than was given leave the name as it was: warmup steps from the fraction
     # (set to 0), and no mock vocabulary once a data source replaced the recipe's (the tokenizer gives it)
     if args.lr_warmup_fraction is not None:

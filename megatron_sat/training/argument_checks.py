@@ -1,10 +1,17 @@
-"""The trainer's argument checks: every problem of resolved arguments, one line each, without importing megatron
-or writing to the disk (training/arguments.py parses and resolves; this module says what is wrong and how to fix it,
-so bad input exits 2 in about a second and leaves no checkpoint behind)."""
+"""The trainer's argument checks, all of them: every problem of resolved arguments, one line each, without importing
+megatron or torch or writing to the disk (training/arguments.py parses and resolves; this module says what is wrong
+and how to fix it, so bad input exits 2 in about a second and leaves no checkpoint behind).
+
+One entry point, `argument_errors`, run by the trainer (twice: at parse time with what is known without torch, and
+in trainer.configure with the target's GPU and Transformer Engine), by `--print-config`, plan-layout and the dry run
+(inputs=False: nothing on disk, no data needed; the target GPU they plan for). `refusal` writes the problems as the
+one short line a refusal prints.
+"""
 
 import argparse
 import importlib.util
 import os
+import re
 from typing import List, Optional, Sequence
 
 from megatron_sat import archs
@@ -20,12 +27,45 @@ def validate_args(args: argparse.Namespace, world_size: int) -> None:
         raise ValueError("invalid arguments:\n  " + "\n  ".join(errors))
 
 
-def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
-    """Every problem of the resolved arguments, one line each (megatron is not imported)."""
+def refusal(prog: str, errors: Sequence[str]) -> str:
+    """The one line a refusal prints: `PROG: error: PROBLEM`, or `PROG: error: N problems: (1) A; (2) B` (a
+    problem's own line breaks, a layout's list, folded in)."""
+    lines = [_fold(str(e)) for e in errors]
+    if len(lines) == 1:
+        return f"{prog}: error: {lines[0]}"
+    return f"{prog}: error: {len(lines)} problems: " + "; ".join(f"({i}) {x}" for i, x in enumerate(lines, 1))
+
+
+def _fold(problem: str) -> str:
+    """A problem on one line: 'invalid parallel layout X:\n  a\n  b' -> 'invalid parallel layout X: a, b'."""
+    lines = [" ".join(x.split()) for x in problem.splitlines() if x.strip()]
+    out = lines[0] if lines else ""
+    for x in lines[1:]:
+        out += (" " if out.endswith(":") else ", ") + x
+    return out
+
+
+def problems(line: str) -> List[str]:
+    """The problems of a `refusal` line (its inverse, for tests and tools that list them)."""
+    text = line.split(": error: ", 1)[1].strip()
+    if not re.match(r"\d+ problems: \(1\) ", text):
+        return [text]
+    body = text.split(": ", 1)[1]
+    return [p.rstrip("; ") for p in re.split(r"(?:^|; )\(\d+\) ", body) if p]
+
+
+def argument_errors(args: argparse.Namespace, world_size: Optional[int], *, inputs: bool = True,
+                    gpu: Optional[bool] = None, te: Optional[bool] = None) -> List[str]:
+    """Every problem of the resolved arguments, one line each (neither megatron nor torch is imported).
+
+    world_size: the processes of the run (None: not checked here; the planner checks the layout against its
+    cluster). inputs=False leaves out what needs the disk or the data (a data source, datasets, --load, --save,
+    packages): `--print-config`, plan-layout and the dry run. gpu, te: whether the run is on GPUs and has
+    Transformer Engine there (None: not known yet; the checks that need them wait for trainer.configure)."""
     errors = arch_flag_errors(args)
-    world = world_errors(args, world_size)
+    world = world_errors(args, world_size) if world_size is not None else []
     errors += world
-    if not world:
+    if world_size is not None and not world:
         dp = world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
                             * args.context_parallel_size)
         if args.micro_batch_size < 1 or args.global_batch_size < 1:
@@ -56,7 +96,47 @@ def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
     if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction < 1:
         errors.append(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1) (a fraction of the decay "
                       "length)")
-    errors += megatron_lm_errors(args) + megatron_lm_flags.errors(args)
+    errors += megatron_lm_errors(args) + megatron_lm_flag_errors(args) + target_errors(args, gpu, te)
+    try:
+        parse_split(args.split)
+    except ValueError as e:
+        errors.append(str(e))
+    if args.ckpt_step is not None and not args.load:
+        errors.append("--ckpt-step needs --load")
+    if args.mock_data and not args.vocab_size:
+        errors.append("--mock-data needs --vocab-size")
+    errors += eval_tasks_errors(args, inputs)
+    if inputs:
+        errors += input_errors(args)
+    return errors
+
+
+def bf16_on(args: argparse.Namespace, gpu: bool) -> bool:
+    """Whether the run computes in bf16: --bf16 / --no-bf16, else on a GPU unless --fp16 (setup.py builds so)."""
+    return (gpu and not getattr(args, "fp16", False)) if args.bf16 is None else args.bf16
+
+
+def target_errors(args: argparse.Namespace, gpu: Optional[bool], te: Optional[bool]) -> List[str]:
+    """The precision and layer implementation against the target: gpu, te as argument_errors takes them (a check
+    that needs one that is None is left for when it is known)."""
+    errors = []
+    if getattr(args, "fp16", False) and args.bf16:
+        errors.append("--fp16 and --bf16 contradict: give one")
+    if te is False and args.transformer_impl == "transformer_engine":
+        errors.append("--transformer-impl transformer_engine needs Transformer Engine on a GPU")
+    if args.fp8_format and (args.transformer_impl == "local" or te is False):
+        errors.append("--fp8-format needs Transformer Engine on a GPU")
+    if args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32:
+        errors.append("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict: give one")
+    elif args.grad_reduce_in_bf16 and (args.bf16 is not None or gpu is not None) and not bf16_on(args, bool(gpu)):
+        errors.append("--grad-reduce-in-bf16 needs --bf16 (the gradients are in fp32 otherwise)")
+    return errors
+
+
+def input_errors(args: argparse.Namespace) -> List[str]:
+    """What the arguments ask of the disk and the environment: one data source that exists, the folders to load
+    and save, the packages an option needs."""
+    errors = []
     sources = [bool(args.data_path), args.mock_data, bool(args.embedded_data), bool(args.train_data_path)]
     if sum(sources) != 1:
         errors.append("give exactly one data source: --data-path PREFIX, --train-data-path PREFIX (with "
@@ -71,20 +151,11 @@ def argument_errors(args: argparse.Namespace, world_size: int) -> List[str]:
         errors += blend_errors("--data-path", args.data_path)
         if not args.tokenizer_model:
             errors.append("--data-path needs --tokenizer-model (the tokenizer the data was made with)")
-    if args.mock_data and not args.vocab_size:
-        errors.append("--mock-data needs --vocab-size")
     if args.load and not os.path.isdir(args.load) and not (args.save and same_path(args.load, args.save)):
         errors.append(f"--load folder {args.load} does not exist")  # --save D --load D: D is created
-    if args.ckpt_step is not None and not args.load:
-        errors.append("--ckpt-step needs --load")
     if args.pretrained_checkpoint and not os.path.isdir(args.pretrained_checkpoint):
         errors.append(f"--pretrained-checkpoint folder {args.pretrained_checkpoint} does not exist")
-    try:
-        parse_split(args.split)
-    except ValueError as e:
-        errors.append(str(e))
     errors += save_folder_errors(args)
-    errors += eval_tasks_errors(args)
     if args.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
         errors.append("--tensorboard-dir needs the tensorboard package: pip install tensorboard "
                       "(in the train extra of megatron-sat)")
@@ -143,6 +214,58 @@ def megatron_lm_errors(args: argparse.Namespace) -> List[str]:
     if args.train_samples is not None and args.train_samples < 1:
         errors.append("--train-samples must be >= 1")
     return errors
+
+
+def megatron_lm_flag_errors(args: argparse.Namespace) -> List[str]:
+    """One line per Megatron-LM model-description flag (megatron_lm_flags.py) whose value is not what the arch is,
+    and per bad value of its other flags."""
+    out = []
+
+    def conflict(flag: str, value, why: str) -> None:
+        out.append(f"{flag} {value} conflicts with --arch {args.arch}: {why}; drop the flag (it describes the model)")
+
+    if args.normalization is not None and args.normalization != megatron_lm_flags.NORMALIZATION:
+        conflict("--normalization", args.normalization, f"every norm here is {megatron_lm_flags.NORMALIZATION}")
+    if args.position_embedding_type is not None and args.position_embedding_type != megatron_lm_flags.POSITION_EMBEDDING:
+        conflict("--position-embedding-type", args.position_embedding_type, "every arch here uses RoPE")
+    if args.rotary_percent is not None and args.rotary_percent != 1.0:
+        conflict("--rotary-percent", args.rotary_percent, "RoPE rotates the whole head here (1.0)")
+    if args.max_position_embeddings is not None and args.max_position_embeddings < args.seq_length:
+        out.append(f"--max-position-embeddings {args.max_position_embeddings} is below --seq-length "
+                   f"{args.seq_length}: give at least the sequence length")
+    if args.kv_channels is not None and args.kv_channels < 1:  # ModelArgs fields (model/args.py)
+        out.append(f"--kv-channels must be >= 1 (got {args.kv_channels})")
+    if not args.layernorm_epsilon > 0:
+        out.append(f"--norm-epsilon must be > 0 (got {args.layernorm_epsilon})")
+    for flag, value in (("--attention-dropout", args.attention_dropout), ("--hidden-dropout", args.hidden_dropout)):
+        if value not in (None, 0.0):
+            conflict(flag, value, "the archs here train without dropout (0)")
+    if args.apply_layernorm_1p and args.weight_decay_params == "all":
+        out.append("--apply-layernorm-1p with --weight-decay-params all would decay norm weights towards 1, which "
+                   "the norms here do not: use --weight-decay-params matrices (norms undecayed), where it is a no-op")
+    if args.init_method_std <= 0:  # a ModelArgs field (model/args.py)
+        out.append(f"--init-method-std must be > 0 (got {args.init_method_std})")
+    if args.num_workers < 0 or args.manual_gc_interval < 0:
+        out.append("--num-workers and --manual-gc-interval must be >= 0")
+    if args.overlap_param_gather and args.use_distributed_optimizer is False:
+        out.append("--overlap-param-gather needs the distributed optimizer: drop --no-use-distributed-optimizer")
+    if (args.decoupled_min_lr is not None) and args.decoupled_lr is None:
+        out.append("--decoupled-min-lr needs --decoupled-lr")
+    if args.vocab_file or args.merge_file:
+        out.append("--vocab-file/--merge-file (GPT2BPETokenizer) are not read here: save them as a Hugging Face "
+                   "tokenizer, python -c \"from transformers import GPT2TokenizerFast as T; T(vocab_file='VOCAB', "
+                   "merges_file='MERGES').save_pretrained('DIR')\", and pass --tokenizer-type HuggingFaceTokenizer "
+                   "--tokenizer-model DIR (the data must have been made with that tokenizer)")
+    if args.decoupled_lr is not None and args.weight_decay_params == "all":
+        out.append("--decoupled-lr goes with --weight-decay-params matrices (Megatron-Core's parameter groups); "
+                   "drop one of them")
+    if args.profile and not 1 <= args.profile_step_start <= args.profile_step_end:
+        out.append(f"--profile-step-start {args.profile_step_start} and --profile-step-end {args.profile_step_end}: "
+                   "need 1 <= start <= end")
+    for flag in ("lr_warmup_samples", "lr_decay_samples"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 0:
+            out.append(f"--{flag.replace('_', '-')} must be >= 0")
+    return out
 
 
 def save_folder_errors(args: argparse.Namespace) -> List[str]:
@@ -259,8 +382,9 @@ def _is_number(x: str) -> bool:
         return False
 
 
-def eval_tasks_errors(args: argparse.Namespace) -> List[str]:
-    """What --eval-tasks and its companions refuse (checked before anything is built)."""
+def eval_tasks_errors(args: argparse.Namespace, inputs: bool = True) -> List[str]:
+    """What --eval-tasks and its companions refuse (checked before anything is built); inputs=False leaves out the
+    folders and the lm-eval package."""
     companions = [f"--{k.replace('_', '-')}" for k in ("eval_tasks_interval", "eval_tasks_limit",
                                                        "eval_tasks_include_path", "eval_tasks_batch_size")
                   if getattr(args, k)]
@@ -275,12 +399,12 @@ def eval_tasks_errors(args: argparse.Namespace) -> List[str]:
     if args.eval_tasks_limit is not None and args.eval_tasks_limit <= 0:
         errors.append("--eval-tasks-limit must be > 0 (examples per task, or a fraction below 1)")
     errors += [f"--eval-tasks-include-path {d} is not a folder" for d in args.eval_tasks_include_path
-               if not os.path.isdir(d)]
+               if inputs and not os.path.isdir(d)]
     if args.pipeline_model_parallel_size > 1 or args.context_parallel_size > 1:
         errors.append("--eval-tasks runs at PP1 and CP1 only (TP and DP are fine): score this run's checkpoints "
                       "with tools/evaluate.py --checkpoint RUN instead")
     if args.mock_data and not args.tokenizer_model:
         errors.append("--eval-tasks with --mock-data needs --tokenizer-model (the tokenizer the tasks are read with)")
-    if importlib.util.find_spec("lm_eval") is None:
+    if inputs and importlib.util.find_spec("lm_eval") is None:
         errors.append('--eval-tasks needs lm-eval: pip install "lm-eval[hf]==0.4.13"')
     return errors

@@ -11,16 +11,31 @@ bad input fails in about a second with a clear message and leaves no checkpoint 
 """
 
 import argparse
+import importlib.util
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from megatron_sat import archs
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.world import world_from_env  # torchrun's or srun's world, without importing torch
 from megatron_sat.training import megatron_lm_flags
-from megatron_sat.training.argument_checks import argument_errors
+from megatron_sat.training.argument_checks import argument_errors, refusal
 from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a refusal of one line (`PROG: error: ...`, exit 2) in place of the usage and the error: an
+    unrecognized flag or a bad value is one problem among the others, not a 120-line dump; --help keeps the usage."""
+
+    def error(self, message):
+        self.exit(2, refusal(self.prog, [message]) + "\n")
+
+
+def refuse(prog: str, errors: List[str]):
+    """Print the problems as one line and exit 2 (nothing is written)."""
+    sys.stderr.write(refusal(prog, errors) + "\n")
+    sys.exit(2)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -75,7 +90,7 @@ def add_model_flags(add) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="megatron-sat-train",
         description="Pretrain a Transformer / ResFormer / SATFormer (or the DenseFormer, MUDDFormer and "
                     "Hyper-Connections baselines) on Megatron-Core. Precedence: recipe < config file < command "
@@ -318,6 +333,35 @@ def recipe_defaults(recipe: Optional[str], parser: Optional[argparse.ArgumentPar
     return defaults
 
 
+# where a value came from, lowest first: each layer overrides the ones before it
+SOURCES = ("default", "recipe", "config", "flag")
+
+
+class Resolution(NamedTuple):
+    """What the resolver found: the arguments, where each came from and what each layer said."""
+
+    args: argparse.Namespace
+    sources: Dict[str, str]   # {dest: one of SOURCES} for every argument (derived values: their own flag's source)
+    defaults: dict            # the built-in defaults
+    recipe: dict              # the recipe's values ({} without one)
+    config: dict              # the config file's values ({} without one)
+
+    def given(self, *layers: str) -> dict:
+        """{dest: resolved value} of the arguments that came from `layers` (e.g. "recipe", "config")."""
+        return {k: getattr(self.args, k) for k, src in self.sources.items() if src in layers}
+
+
+def resolve_layers(recipe: Optional[str], overrides: Sequence[str] = ()) -> Resolution:
+    """recipe_args with where each value came from (Resolution): the tools that ask what a recipe or a config file
+    set (the throughput profiler's defaults, the sweep's run names) read it here instead of reading the layers
+    again. ValueError as recipe_args."""
+    argv = (["--recipe", recipe] if recipe else []) + list(overrides)
+    resolution, errors = _resolve(argv, read_files=False)[::2]
+    if errors:
+        raise ValueError("; ".join(errors))
+    return resolution
+
+
 def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argparse.Namespace:
     """The trainer's arguments for `recipe` (None: no recipe) with command-line `overrides`, which may hold
     --config FILE, resolved by the trainer's own layers (resolve_args: recipe < config file < command line, then
@@ -325,27 +369,28 @@ def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argpars
     not read (the trainer reads it). What every tool that reasons about a run works on: the planner, the dry run,
     the throughput profiler (profiling/settings.py), the Slurm sweep (its run names and TRAIN_ITERS) and the
     monitor. ValueError with the resolution's problems (an unknown recipe, an unreadable config file, a missing
-    model shape, two values given for one setting); argparse exits 2 on an unknown flag, as the trainer does."""
-    argv = (["--recipe", recipe] if recipe else []) + list(overrides)
-    args, _, errors = _resolve(argv, read_files=False)
-    if errors:
-        raise ValueError("; ".join(errors))
-    return args
+    model shape, two values given for one setting, an unrecognized flag); a bad value of a flag exits 2 with one line,
+as the trainer does. The values are not checked here: argument_checks.argument_errors does that (the planner and the
+dry run call it with their target)."""
+    return resolve_layers(recipe, overrides).args
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """The trainer's arguments: recipe < config file < command line, resolved (resolve_args), then printed and
-    exit 0 (--print-config) or validated (exit 2 with what to fix)."""
+    """The trainer's arguments: recipe < config file < command line, resolved (resolve_args), checked (every
+    problem at once, one line, exit 2: the layers', unrecognized flags and the values'), then printed and exit 0
+    (--print-config: the values are checked, nothing on disk) or returned. The checks that need the GPU and
+    Transformer Engine run again in trainer.configure, where they are known."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, parser, errors = resolve_args(argv)
-    if args.print_config and not errors:
+    # Transformer Engine: known absent when it is not installed (whether it runs on a GPU: trainer.configure)
+    te = False if importlib.util.find_spec("transformer_engine") is None else None
+    errors += argument_errors(args, world_from_env(), inputs=not args.print_config, te=te)
+    if errors:
+        refuse(parser.prog, errors)
+    if args.print_config:
         sys.stdout.write(dump_config(args, parser))
         sys.stdout.flush()
         sys.exit(0)
-    if not args.print_config:  # every problem at once: the layers' and the values'
-        errors += argument_errors(args, world_from_env())
-    if errors:
-        parser.error("invalid arguments:\n  " + "\n  ".join(errors))
     return args
 
 
@@ -358,14 +403,15 @@ def resolve_args(argv: List[str]):
     both; then what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
     --data-args-path), with the problems found there. An unreadable config file or recipe exits 2 at once."""
     try:
-        return _resolve(argv, read_files=True)
+        resolution, parser, errors = _resolve(argv, read_files=True)
+        return resolution.args, parser, errors
     except ValueError as e:
-        build_parser().error(str(e))
+        refuse(build_parser().prog, [str(e)])
 
 
 def _resolve(argv: List[str], read_files: bool):
-    """resolve_args; ValueError for an unreadable config file or recipe. read_files=False leaves --data-args-path
-    unread (the tools that plan or name a run need no data)."""
+    """(Resolution, parser, errors) as resolve_args; ValueError for an unreadable config file or recipe.
+    read_files=False leaves --data-args-path unread (the tools that plan or name a run need no data)."""
     base = build_parser()
     given = explicit_dests(base, argv)  # the flags on the command line
     config = read_config(given["config"], base) if given.get("config") else {}
@@ -376,15 +422,19 @@ def _resolve(argv: List[str], read_files: bool):
     parser.set_defaults(**config)
     if recipe:
         parser.set_defaults(recipe=recipe)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     # where each value came from: 1 recipe, 2 config file, 3 command line (0: the built-in default)
     level = {k: 1 for k, v in from_recipe.items() if v is not None}
     level.update({k: 2 for k, v in config.items() if v is not None})
     level.update({k: 3 for k in given})
     errors = _resolve_layers(args, level, read_files) + megatron_lm_flags.resolve(args, level)
+    if unknown:  # reported with the other problems (argparse would stop at it with its usage)
+        errors.insert(0, f"unrecognized arguments: {' '.join(unknown)} (--help lists the flags)")
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", recipe_folder_name(args.recipe) if args.recipe else "run")
-    return args, parser, errors
+    sources = {dest: SOURCES[level.get(dest, 0)] for dest in _dests(parser) if dest != "help"}
+    defaults = {a.dest: a.default for a in base._actions if a.dest != "help"}
+    return Resolution(args, sources, defaults, from_recipe, config), parser, errors
 
 
 def recipe_folder_name(recipe: str) -> str:

@@ -4,7 +4,7 @@ Three kinds (docs/ecosystem.md, "Megatron-LM flags", lists each):
 
 - flags that describe the model the archs here already are (the Llama block: RMSNorm, SwiGLU, RoPE, no biases, no
   dropout, ...): a no-op when the value matches, a one-line refusal naming the conflict when it does not
-  (`arch_description_errors`);
+  (argument_checks.megatron_lm_flag_errors);
 - flags that work as in Megatron-LM: the sample-based schedule and batch-size ramp-up (`resolve`,
   `global_batch_at`), --recompute-activations, --num-workers, --no-mmap-bin-files, --overlap-param-gather,
   --manual-gc, --untie-embeddings-and-output-weights, --wandb-save-dir (--init-method-std, --kv-channels,
@@ -180,57 +180,6 @@ def rampup_iterations(args: argparse.Namespace) -> int:
         consumed += global_batch_at(args, consumed)
         iterations += 1
     return iterations + max(0, args.train_samples - consumed) // args.global_batch_size
-
-
-def errors(args: argparse.Namespace) -> List[str]:
-    """One line per model-description flag whose value is not what the arch is, and per bad value."""
-    out = []
-
-    def conflict(flag: str, value, why: str) -> None:
-        out.append(f"{flag} {value} conflicts with --arch {args.arch}: {why}; drop the flag (it describes the model)")
-
-    if args.normalization is not None and args.normalization != NORMALIZATION:
-        conflict("--normalization", args.normalization, f"every norm here is {NORMALIZATION}")
-    if args.position_embedding_type is not None and args.position_embedding_type != POSITION_EMBEDDING:
-        conflict("--position-embedding-type", args.position_embedding_type, "every arch here uses RoPE")
-    if args.rotary_percent is not None and args.rotary_percent != 1.0:
-        conflict("--rotary-percent", args.rotary_percent, "RoPE rotates the whole head here (1.0)")
-    if args.max_position_embeddings is not None and args.max_position_embeddings < args.seq_length:
-        out.append(f"--max-position-embeddings {args.max_position_embeddings} is below --seq-length "
-                   f"{args.seq_length}: give at least the sequence length")
-    if args.kv_channels is not None and args.kv_channels < 1:  # ModelArgs fields (model/args.py)
-        out.append(f"--kv-channels must be >= 1 (got {args.kv_channels})")
-    if not args.layernorm_epsilon > 0:
-        out.append(f"--norm-epsilon must be > 0 (got {args.layernorm_epsilon})")
-    for flag, value in (("--attention-dropout", args.attention_dropout), ("--hidden-dropout", args.hidden_dropout)):
-        if value not in (None, 0.0):
-            conflict(flag, value, "the archs here train without dropout (0)")
-    if args.apply_layernorm_1p and args.weight_decay_params == "all":
-        out.append("--apply-layernorm-1p with --weight-decay-params all would decay norm weights towards 1, which "
-                   "the norms here do not: use --weight-decay-params matrices (norms undecayed), where it is a no-op")
-    if args.init_method_std <= 0:  # a ModelArgs field (model/args.py)
-        out.append(f"--init-method-std must be > 0 (got {args.init_method_std})")
-    if args.num_workers < 0 or args.manual_gc_interval < 0:
-        out.append("--num-workers and --manual-gc-interval must be >= 0")
-    if args.overlap_param_gather and args.use_distributed_optimizer is False:
-        out.append("--overlap-param-gather needs the distributed optimizer: drop --no-use-distributed-optimizer")
-    if (args.decoupled_min_lr is not None) and args.decoupled_lr is None:
-        out.append("--decoupled-min-lr needs --decoupled-lr")
-    if args.vocab_file or args.merge_file:
-        out.append("--vocab-file/--merge-file (GPT2BPETokenizer) are not read here: save them as a Hugging Face "
-                   "tokenizer, python -c \"from transformers import GPT2TokenizerFast as T; T(vocab_file='VOCAB', "
-                   "merges_file='MERGES').save_pretrained('DIR')\", and pass --tokenizer-type HuggingFaceTokenizer "
-                   "--tokenizer-model DIR (the data must have been made with that tokenizer)")
-    if args.decoupled_lr is not None and args.weight_decay_params == "all":
-        out.append("--decoupled-lr goes with --weight-decay-params matrices (Megatron-Core's parameter groups); "
-                   "drop one of them")
-    if args.profile and not 1 <= args.profile_step_start <= args.profile_step_end:
-        out.append(f"--profile-step-start {args.profile_step_start} and --profile-step-end {args.profile_step_end}: "
-                   "need 1 <= start <= end")
-    for flag in ("lr_warmup_samples", "lr_decay_samples"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 0:
-            out.append(f"--{flag.replace('_', '-')} must be >= 0")
-    return out
 
 
 def config_fields(args: argparse.Namespace, gpu: bool) -> dict:

@@ -51,7 +51,7 @@ import psutil
 
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.training import records
-from megatron_sat.training.arguments import recipe_args
+from megatron_sat.training.arguments import recipe_defaults
 
 GIB = 2.0 ** 30
 
@@ -100,11 +100,11 @@ def scale_name(config: dict) -> str:
         name = recipe[len(arch) + 1:]
     elif arch and recipe.endswith("_" + arch):
         name = recipe[:-len(arch) - 1]
-    try:
-        defaults = vars(recipe_args(recipe))
+    try:  # the recipe's own values (its layer alone, nothing resolved again), the model's defaults under them
+        said = {**model_args.defaults(), **recipe_defaults(recipe)}
     except (ValueError, SystemExit):  # a recipe this checkout does not know: its name is all there is
         return name
-    if any(config.get(k) != defaults.get(k) for k in SHAPE_KEYS if k in config):
+    if any(config.get(k) != said.get(k) for k in SHAPE_KEYS if k in config):
         return shape
     return name
 

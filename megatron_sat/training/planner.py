@@ -91,6 +91,7 @@ from megatron_sat.archs import ffn_size
 from megatron_sat.model.args import LAYER_PARTS, chunk_parameters, layer_parameters
 from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
 from megatron_sat.model.sizes import count_parameters
+from megatron_sat.training.argument_checks import argument_errors
 from megatron_sat.training.arguments import recipe_args
 from recipes.paper import CLUSTERS, cluster
 
@@ -236,7 +237,8 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
     from megatron_sat.parallel.layout import validate
     from megatron_sat.training.setup import model_config, precision_and_layout
 
-    errors = []
+    on_gpu = gpu != "cpu"  # a GPU target has Transformer Engine (the trainer's default backend there)
+    errors = argument_errors(args, None, inputs=False, gpu=on_gpu, te=on_gpu)  # the trainer's checks; the layout's below
     if gpu not in GPU_MEMORY_GIB:
         errors.append(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GIB)}")
     try:

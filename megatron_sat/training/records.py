@@ -41,6 +41,17 @@ def read_lines(path: str) -> Tuple[List[Tuple[str, dict]], List[Tuple[int, str]]
         return parse_lines(f.read())
 
 
+METRICS = "metrics.jsonl"  # a run folder's metrics, one JSON object per line with an integer "step"
+
+
+def read_metrics(run_dir: str) -> List[dict]:
+    """The records of RUN_DIR/metrics.jsonl ([] when there is none), in order; a line that does not read back (cut
+    short by a crash, garbled) is left out: the one reader of metrics for tools, the model card and the sweep table
+    (the trainer's Monitor sets such lines aside with read_lines when it resumes; analysis/grid.py says where they
+    are with parse_lines)."""
+    return [record for _, record in read_lines(os.path.join(run_dir, METRICS))[0]]
+
+
 def set_aside(path: str, bad: List[Tuple[int, str]], log: Callable[[str], None] = print) -> Optional[str]:
     """Append the torn lines of `path` to PATH.torn (earlier ones stay there) and say so; returns that path."""
     if not bad:

@@ -21,6 +21,7 @@ from megatron_sat.model.args import model_args, record
 from megatron_sat.model.config import SATConfig, make_config
 from megatron_sat.parallel.layout import Layout
 from megatron_sat.training import megatron_lm_flags, schedule
+from megatron_sat.training.argument_checks import bf16_on
 
 
 class PrecisionAndLayout(NamedTuple):
@@ -34,12 +35,11 @@ class PrecisionAndLayout(NamedTuple):
 
 def precision_and_layout(args: argparse.Namespace, gpu: Optional[bool] = None) -> PrecisionAndLayout:
     """--bf16 and --use-distributed-optimizer (default: on with a GPU, off on CPU) and the parallel layout.
-    gpu: whether the run is on GPUs (default: whether this process sees one; the planner passes its target's)."""
+    gpu: whether the run is on GPUs (default: whether this process sees one; the planner passes its target's).
+    The arguments are checked by argument_checks.argument_errors (--fp16 with --bf16 is refused there)."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     fp16 = getattr(args, "fp16", False)
-    if fp16 and args.bf16:
-        raise ValueError("--fp16 and --bf16 contradict: give one")
-    bf16 = (gpu and not fp16) if args.bf16 is None else args.bf16
+    bf16 = bf16_on(args, gpu)
     dist_opt = gpu if args.use_distributed_optimizer is None else args.use_distributed_optimizer
     layout = Layout(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                     vpp=args.num_virtual_stages_per_pipeline_rank, cp=args.context_parallel_size,

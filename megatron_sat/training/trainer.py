@@ -22,7 +22,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -35,6 +35,7 @@ from megatron_sat.parallel.layout import initialize, validate
 from megatron_sat.parallel.process_group import init_from_env
 from megatron_sat.training import checkpointing as ckpt
 from megatron_sat.training import megatron_lm_flags, schedule
+from megatron_sat.training.argument_checks import refusal, target_errors
 from megatron_sat.training.arguments import build_parser
 from megatron_sat.training.config_file import config_dict
 from megatron_sat.training.data import build_iterators, tokenizer_and_data
@@ -51,7 +52,11 @@ from megatron_sat.training.watchdog import Watchdog, enable_flight_recorder
 
 
 class UsageError(ValueError):
-    """Bad input found before anything is built: printed as one line, exit 2."""
+    """Bad input found before anything is built: its args are the problems, printed as one line
+    (argument_checks.refusal), exit 2."""
+
+    def __str__(self) -> str:
+        return "; ".join(map(str, self.args))
 
 
 @dataclass
@@ -115,21 +120,20 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     try:
         setup = configure(args, log)
         lock = take_run_lock(args.save, log)  # before anything is written into the run folder
-        resume, pretrained, tokenizer, data = check_inputs(args, setup, log)
-        schedule_mode = choose_schedule(args, resume, log)
+        inputs = check_inputs(args, setup, log)
     except UsageError as err:  # every rank sees the same error: report it once, build nothing
-        log(f"megatron-sat-train: error: {err}")
+        log(refusal("megatron-sat-train", err.args))
         if lock is not None:
             lock.release(remove_empty_folder=True)
         return 2
     try:
+        resume = inputs.resume
         if resume is not None and resume.iteration >= args.train_iters:
             log(f"nothing to do: {resume.directory} is at iteration {resume.iteration} of --train-iters "
                 f"{args.train_iters} (the run is complete; raise --train-iters to train on)")
             return 0
         try:
-            loop = Loop(args, setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner,
-                        schedule_mode=schedule_mode)
+            loop = Loop(args, setup, inputs, stop, t_start, log, task_runner)
         except ckpt.CheckpointError as err:
             log(f"megatron-sat-train: error: {err}")
             return 2
@@ -159,22 +163,15 @@ def take_run_lock(save: str, log):
 
 
 def configure(args, log) -> Setup:
-    """The model config and layout, checked against the world size and the backend (UsageError)."""
+    """The model config and layout, checked against the world size and the backend (UsageError with every problem:
+    argument_checks.argument_errors' checks that need the GPU and Transformer Engine, and the layout's)."""
     world = torch.distributed.get_world_size()
-    try:
-        bf16, dist_opt, dtype, layout = precision_and_layout(args)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    backend = {"local": "local", "transformer_engine": "te"}.get(args.transformer_impl) or (
-        "te" if te_available() else "local")
-    if backend == "te" and not te_available():
-        raise UsageError("--transformer-impl transformer_engine needs Transformer Engine on a GPU")
-    if args.fp8_format and backend != "te":
-        raise UsageError("--fp8-format needs Transformer Engine on a GPU")
-    if args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32:
-        raise UsageError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict: give one")
-    if args.grad_reduce_in_bf16 and not bf16:
-        raise UsageError("--grad-reduce-in-bf16 needs --bf16 (the gradients are in fp32 otherwise)")
+    gpu, te = torch.cuda.is_available(), te_available()
+    errors = target_errors(args, gpu=gpu, te=te)
+    if errors:
+        raise UsageError(*errors)
+    bf16, dist_opt, dtype, layout = precision_and_layout(args, gpu=gpu)
+    backend = {"local": "local", "transformer_engine": "te"}.get(args.transformer_impl) or ("te" if te else "local")
     dp = layout.dp(world)
     num_micro = args.global_batch_size // (args.micro_batch_size * dp) if dp else None  # None: validate says why
     try:
@@ -190,9 +187,25 @@ def configure(args, log) -> Setup:
                  model_record(config))  # config.json and every checkpoint record the model's ModelArgs
 
 
-def check_inputs(args, setup: Setup, log):
-    """(resume point, pretrained point, tokenizer, data): what --load and --pretrained-checkpoint hold, checked
-    against the model asked for, and the data against the tokenizer (UsageError)."""
+class Inputs(NamedTuple):
+    """What a run starts from, checked (check_inputs): the checkpoint to resume or the weights to start from, the
+    tokenizer and the data, and whose LR schedule a resume follows."""
+
+    resume: Optional[object]      # checkpointing.ResumePoint of --load, or None
+    pretrained: Optional[object]  # the ResumePoint whose weights start the run (--pretrained-checkpoint, --finetune)
+    tokenizer: object
+    data: object
+    schedule_mode: str = schedule.OVERRIDE  # schedule.OVERRIDE or schedule.CHECKPOINT (choose_schedule)
+
+
+def check_inputs(args, setup: Setup, log) -> Inputs:
+    """What --load and --pretrained-checkpoint hold, checked against the model asked for, the data against the
+    tokenizer, and whose LR schedule a resume follows (UsageError)."""
+    resume, pretrained, tokenizer, data = _points_and_data(args, setup, log)
+    return Inputs(resume, pretrained, tokenizer, data, choose_schedule(args, resume, log))
+
+
+def _points_and_data(args, setup: Setup, log):
     def find(root, step=None, reader=None):
         return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log,
                                       reader=reader)
@@ -246,9 +259,13 @@ def followed_schedule(scheduler) -> dict:
 class Loop:
     """The built run: model, optimizer, scheduler, data, saver, monitor; run() trains it."""
 
-    def __init__(self, args, setup: Setup, tokenizer, data, resume, pretrained, stop, t_start, log, task_runner=None,
-                 schedule_mode: str = "override"):
+    def __init__(self, args, setup: Setup, inputs: Inputs, stop: StopSignal, t_start: float, log, task_runner=None):
+        """args: the run's arguments; setup: configure's model config and layout; inputs: check_inputs' resume
+        point, weights, tokenizer, data and schedule; stop: the signals; t_start: when the job started
+        (--exit-duration-in-mins); task_runner: see train."""
         self.args, self.setup, self.stop, self.t_start, self.log = args, setup, stop, t_start, log
+        resume, pretrained, tokenizer, data = inputs.resume, inputs.pretrained, inputs.tokenizer, inputs.data
+        schedule_mode = inputs.schedule_mode
         stop.kept = lambda: f"{_describe_checkpoint(args.save)}; resume with --load {args.save}"
         rank = torch.distributed.get_rank()
         if rank == 0 and os.path.isdir(args.save):

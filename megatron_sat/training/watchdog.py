@@ -61,10 +61,6 @@ def _last_collectives(limit: int = 4) -> str:
                      for e in entries) or "none recorded"
 
 
-def hang_marker(run_folder: str) -> str:
-    return os.path.join(run_folder, FOLDER, MARKER)
-
-
 class Watchdog:
     """One per rank: beat() from the loop; a daemon thread watches. timeout_s <= 0: off (beat is a no-op)."""
 

@@ -56,6 +56,9 @@ def kv_heads(config) -> int:
 
 
 class Attention(nn.Module):
+    """q/k/v/o projections, per-head q/k norms, RoPE, causal GQA (the value-residual exports subclass it to mix V1
+    into V before attend)."""
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -73,10 +76,13 @@ class Attention(nn.Module):
 
     def forward(self, xq, xk, xv, rope, mask, cache):  # x* [b, s, h]
         b, s, _ = xq.shape
-        cos, sin = rope
         q = self.q_proj(xq).view(b, s, self.num_heads, self.head_dim)
         k = self.k_proj(xk).view(b, s, self.num_kv_heads, self.head_dim)
         v = self.v_proj(xv).view(b, s, self.num_kv_heads, self.head_dim)
+        return self.attend(q, k, v, *rope, mask, cache)
+
+    def attend(self, q, k, v, cos, sin, mask, cache):  # q [b, s, heads, d], k, v [b, s, kv heads, d]
+        b, s = q.shape[:2]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, d]

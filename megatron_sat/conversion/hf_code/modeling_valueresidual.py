@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .configuration_valueresidual import ResFormerConfig, SATFormerConfig
-from .layers import MLP, ForCausalLM, PreTrained, RMSNorm, head_dim, init, kv_heads, model_output, prepare, rotate_half
+from .layers import MLP, ForCausalLM, PreTrained, RMSNorm, init, kv_heads, model_output, prepare
+from .layers import Attention as PlainAttention
 
 
 def _gate(name: str, logits: torch.Tensor) -> torch.Tensor:
@@ -88,26 +89,17 @@ def _mixes(config, layer_idx: int) -> bool:
     return k is None or layer_idx >= config.num_hidden_layers - k
 
 
-class Attention(nn.Module):
+class Attention(PlainAttention):
+    """layers.py's Attention with V1: layer 0 hands its raw V on, the mixing layers mix it into V before attend (the
+    cache holds K and the mixed V')."""
+
     def __init__(self, config, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads = config.num_heads, kv_heads(config)
-        self.head_dim = head_dim(config)
-        h, kv = config.hidden_size, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(h, kv, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(h, kv, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
-        self.qk_norm = config.qk_norm
-        if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.qk_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.qk_norm_eps)
+        super().__init__(config, layer_idx)
         self.produces_v1 = bool(config.use_value_residual) and layer_idx == 0
         mixing = ResFormerMixing if _is_resformer(config) else SATFormerMixing
         self.value_residual_mixing = mixing(config) if _mixes(config, layer_idx) else None
 
-    def forward(self, x, cos, sin, mask, cache, v1, lambda1):
+    def forward(self, x, cos, sin, mask, cache, v1, lambda1):  # x [b, s, h]
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
@@ -117,18 +109,7 @@ class Attention(nn.Module):
             if v1 is None:
                 raise RuntimeError(f"layer {self.layer_idx} mixes V1 but layer 0 produced none")
             v = self.value_residual_mixing(v, v1, x, lambda1)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, d]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx)  # the cache holds K and the mixed V'
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.o_proj(o.transpose(1, 2).reshape(b, s, -1)), v_first
+        return self.attend(q, k, v, cos, sin, mask, cache), v_first
 
 
 class Block(nn.Module):

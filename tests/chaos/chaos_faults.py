@@ -1,4 +1,4 @@
-"""The faults tools/chaos.py injects into a running sweep on a local Slurm cluster, and how each is recognised.
+"""The faults tests/chaos/chaos.py injects into a running sweep on a local Slurm cluster, and how each is recognised.
 
 Every fault is one Fault (chaos_sweep.py injects it into one run): `needles` are the log lines (regular expressions)
 that name it and its recovery in the run's Slurm log after the injection, `restarts` says
@@ -36,7 +36,7 @@ from typing import Callable, Tuple
 
 import psutil
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 KINDS = ("kill9_rank", "node_loss", "hang", "suspend", "preempt_usr1", "scancel", "disk_full", "torn_metrics",
          "export", "evaluate")
 

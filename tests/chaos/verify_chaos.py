@@ -1,4 +1,4 @@
-"""tools/chaos.py's end checks: runs COMPLETED, final checkpoints bit-identical to the fault-free runs, every fault
+"""tests/chaos/chaos.py's end checks: runs COMPLETED, final checkpoints bit-identical to the fault-free runs, every fault
 named, collect_grid's restarts equal to the restarts the faults caused. Returns chaos.json's content."""
 
 import os

@@ -1,14 +1,15 @@
 #!/usr/bin/env python
 """Chaos run: a small sweep on a private two-node Slurm cluster, with many faults injected while it trains.
 
-    .venv/bin/python tools/chaos.py --faults 30 --seed 1 --out /tmp/chaos     # the long run (docs/reliability_signals.md)
-    .venv/bin/python tools/chaos.py --faults 10 --seed 3 --out /tmp/chaos     # the size tests/test_chaos.py runs
+    .venv/bin/python tests/chaos/chaos.py --faults 30 --seed 1 --out /tmp/chaos     # the long run (docs/reliability_signals.md)
+    .venv/bin/python tests/chaos/chaos.py --faults 10 --seed 3 --out /tmp/chaos     # the size tests/test_chaos.py runs
 
-A test harness, not a tool for a production cluster: it kills slurmd daemons and fills disks. It starts its own
-cluster, tests/slurm_cluster.py's SlurmCluster(nodes=2) (Debian's Slurm from `make slurm`, root for the tmpfs), so
-it needs a source checkout. It submits a sweep with tools/submit_grid.py (debug recipes, one rank per node: DP2 over
-n1 and n2), puts every run folder on a small tmpfs, and injects --faults faults of the kinds in
-tools/chaos_faults.py (every kind once before any twice), kinds and moments (steps after a run's last recovery)
+A test harness, not a tool for a production cluster (it lives in tests/, not in the installed package): it kills
+slurmd daemons and fills disks. It starts its own cluster, tests/slurm_cluster.py's SlurmCluster(nodes=2) (Debian's
+Slurm from `make slurm`, root for the tmpfs), so it needs a source checkout. It submits a sweep with
+tools/submit_grid.py (debug recipes, one rank per node: DP2 over n1 and n2), puts every run folder on a small tmpfs,
+and injects --faults faults of the kinds in
+tests/chaos/chaos_faults.py (every kind once before any twice), kinds and moments (steps after a run's last recovery)
 drawn from random.Random(--seed), each into the ready run with the most steps left. A run whose job ends for good
 is resubmitted (`sbatch --array=I slurm/array.sbatch MANIFEST`), as its owner would. The same entries also train
 fault-free (torchrun, the same DP2 layout, on local disk).
@@ -27,10 +28,8 @@ import os
 import random
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))  # tests/chaos
+sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE), HERE]  # the checkout, tests/, here
 
 import chaos_sweep as cs  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The sweep tools/chaos.py drives: submit, inject the drawn faults, resubmit what ended, verify against fault-free runs.
+"""The sweep tests/chaos/chaos.py drives: submit, inject the drawn faults, resubmit what ended, verify against fault-free runs.
 
 One fault in flight per run at a time (a node loss: none elsewhere, it hits every run); a fault is recovered when
 the run logs a training step again. `redone` = the last step the interrupted attempt logged minus the step the
@@ -17,6 +17,8 @@ from typing import List, Optional
 
 import chaos_faults as cf
 
+from megatron_sat.training.records import read_metrics
+
 ROOT = cf.ROOT
 SAVE_INTERVAL = 5
 RETAIN_INTERVAL = 1000  # retention deletes every checkpoint but the newest and those at multiples of this
@@ -34,19 +36,8 @@ def draw(rng, n: int, runs: int) -> List[dict]:
 
 
 def _rows(folder: str) -> List[dict]:
-    out = []
-    try:
-        with open(os.path.join(folder, "metrics.jsonl")) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if "loss" in row and row.get("step", 0) < 999999:
-                    out.append(row)
-    except OSError:
-        pass
-    return out
+    """The step records of a run's metrics.jsonl (the torn-metrics fault's half record left out)."""
+    return [row for row in read_metrics(folder) if "loss" in row and row["step"] < 999999]
 
 
 def _read(path: str) -> str:
