@@ -32,6 +32,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from megatron_sat.profiling import steptime
 from megatron_sat.training import planner
+from megatron_sat.training.arguments import build_parser
+from megatron_sat.training.config_file import explicit_dests, read_config
 
 MAX_MICRO_BATCH = 64
 # the trainer's dests the search varies: given by the user (command line or config file), each is held fixed
@@ -107,9 +109,6 @@ class SearchResult:
 def given_dests(overrides: Sequence[str]) -> Dict[str, object]:
     """{dest: value} of the layout and precision settings the user gave: on the command line or in the --config
     file among `overrides` (a recipe's values are its defaults, which the search may change)."""
-    from megatron_sat.training.arguments import build_parser  # argparse only; arguments imports the recipes
-    from megatron_sat.training.config_file import explicit_dests, read_config
-
     parser = build_parser()
     given = explicit_dests(parser, list(overrides))
     from_file = read_config(given["config"], parser) if given.get("config") else {}
@@ -280,3 +279,29 @@ def why_best(result: SearchResult) -> List[str]:
         out.append(f"  vs {r.candidate.describe()}: {p.step_time_s / b.step_time_s:.2f}x the step time "
                    f"({reason})")
     return out
+
+
+def format_result(result: SearchResult, top: int = 5) -> str:
+    """The search as text: what was searched and held, the best `top` layouts as a table, why the best wins."""
+    fixed = ", ".join(f"{k}={v}" for k, v in result.fixed.items()) or "nothing"
+    lines = [f"cluster {result.cluster} ({result.cluster.nodes * result.cluster.gpus_per_node} GPUs), "
+             f"{result.precision}; held fixed: {fixed}",
+             f"{result.considered} layouts pass the layout checks, {result.refused_memory} refused by the memory "
+             f"plan (over {100 * planner.USABLE_FRACTION:.0f}% of {result.capacity_gib or '?'} GiB), "
+             f"{len(result.ranked)} ranked"]
+    if not result.ranked:
+        lines.append("no layout fits: raise the GPU count, lower the global batch or free a fixed flag")
+        return "\n".join(lines)
+    head = ["#", "layout", "step s", "TFLOP/s/GPU", "MFU", "tokens/s", "mem GiB", "bubble", "exposed comm"]
+    rows = []
+    for i, r in enumerate(result.ranked[:top], 1):
+        p = r.prediction
+        rows.append([str(i), r.candidate.describe(), f"{p.step_time_s:.3f}", f"{p.tflops_per_gpu:.0f}",
+                     f"{100 * p.mfu:.1f}%", f"{p.tokens_per_s:,.0f}", f"{r.memory['total']:.1f}",
+                     f"{100 * p.bubble_share:.1f}%", f"{100 * p.exposed_comm_share:.1f}%"])
+    widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head] + rows]
+    best = result.ranked[0]
+    lines.append(f"best: {best.candidate.describe()}  (flags: {' '.join(best.candidate.flags())})")
+    lines += why_best(result)
+    return "\n".join(lines)
