@@ -40,6 +40,7 @@ class Measured:
     link_latency_s: float
     link_bw: float  # bytes/s, of the ring all-reduce's per-rank traffic
     op_overhead_s: float
+    attention_flops: float = 0.0  # FLOP/s of causal SDPA forward on the FLOPs it executes (half the s x s)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -47,7 +48,8 @@ class Measured:
     def __str__(self) -> str:
         return (f"CPU ({self.threads} thread(s) a rank): GEMM {self.gemm_flops / 1e9:.1f} GFLOP/s, memory "
                 f"{self.mem_bw / 1e9:.1f} GB/s, gloo all-reduce {self.link_latency_s * 1e6:.0f} us + "
-                f"{self.link_bw / 1e9:.2f} GB/s, op {self.op_overhead_s * 1e6:.1f} us")
+                f"{self.link_bw / 1e9:.2f} GB/s, op {self.op_overhead_s * 1e6:.1f} us, attention "
+                f"{self.attention_flops / 1e9:.1f} GFLOP/s")
 
 
 def _best_time(fn, min_s: float = 0.15, reps: int = 3) -> float:
@@ -80,6 +82,14 @@ def memory_bandwidth(mib: int = 64) -> float:
     n = mib * (1 << 20) // 4
     a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
     return 3 * 4 * n / _best_time(lambda: torch.add(a, b, out=c))
+
+
+def attention_rate(b: int, a: int, s: int, d: int) -> float:
+    """FLOP/s of causal scaled_dot_product_attention's forward on [b, a, s, d], counting the FLOPs it executes
+    (2 x 2 b a s^2 d, half of them under the causal mask)."""
+    q, k, v = (torch.randn(b, a, s, d) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return 2 * b * a * s * s * d / _best_time(lambda: sdpa(q, k, v, is_causal=True))
 
 
 def op_overhead() -> float:
@@ -139,19 +149,52 @@ def model_shapes(hidden: int, ffn: int, heads: int, groups: int, tokens: int, vo
             (tokens, hidden, 2 * ffn // tp), (tokens, ffn // tp, hidden), (tokens, hidden, vocab // tp)]
 
 
-def measure(shapes: Sequence[Tuple[int, int, int]], threads: int = 1, ranks: int = 2) -> Measured:
-    """This machine, `threads` threads a rank (see the module docstring)."""
+def measure(shapes: Sequence[Tuple[int, int, int]], threads: int = 1, ranks: int = 2,
+            attention: Tuple[int, int, int, int] = (2, 4, 256, 64)) -> Measured:
+    """This machine, `threads` threads a rank (see the module docstring); attention: (b, a, s, d) of the model."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         by_shape = gemm_rates(shapes)
         bw = memory_bandwidth()
         overhead = op_overhead()
+        attn = attention_rate(*attention)
     finally:
         torch.set_num_threads(old)
     latency, link = collectives(ranks, threads) if ranks > 1 else (0.0, float("inf"))
     return Measured(threads=threads, gemm_flops=statistics.median(by_shape.values()), gemm_by_shape=by_shape,
-                    mem_bw=bw, link_latency_s=latency, link_bw=link, op_overhead_s=overhead)
+                    mem_bw=bw, link_latency_s=latency, link_bw=link, op_overhead_s=overhead, attention_flops=attn)
+
+
+def cpu_hardware(m: Measured, ranks: int = 2):
+    """The step-time model's Hardware for this machine: one rank = one device whose fp32 "peak" is the measured
+    GEMM rate (efficiency 1: it is what the model's GEMMs reach here), HBM = the measured memory bandwidth, the
+    node's links = the measured gloo all-reduce (one node: no network), a kernel's overhead = one op's dispatch,
+    attention's efficiency = the measured SDPA rate over the GEMM rate. Nothing fitted to a step time."""
+    from megatron_sat.profiling import steptime  # torch-free; imported here so that measuring needs only torch
+
+    gemm = m.gemm_flops
+    return steptime.Hardware(
+        name="cpu", full_name=f"this machine's CPU, {m.threads} thread(s) a rank (measured)",
+        peak_tflops={p: gemm / 1e12 for p in ("fp32", "bf16", "fp16")}, hbm_gbps=m.mem_bw / 1e9,
+        memory_gib=_host_memory_gib(), sm_count=1, intra_node_gbps=m.link_bw / 1e9,
+        intra_node_latency_us=m.link_latency_s * 1e6, inter_node_gbps=m.link_bw / 1e9,
+        inter_node_latency_us=m.link_latency_s * 1e6, gpus_per_node=ranks,
+        calibration=dict(gemm_efficiency=1.0, memory_efficiency=1.0, comm_efficiency=1.0,
+                         attention_efficiency=min(1.0, m.attention_flops / gemm), kernel_overhead_us=m.op_overhead_s * 1e6,
+                         step_overhead_s=0.0),
+        sources={"all": "measured at run time by megatron_sat/profiling/cpu_hardware.py"})
+
+
+def cpu_cluster(m: Measured, ranks: int = 2):
+    """One node of `ranks` measured CPU devices (cpu_hardware)."""
+    from megatron_sat.profiling import steptime
+
+    return steptime.Cluster(gpu=cpu_hardware(m, ranks), nodes=1, gpus_per_node=ranks)
+
+
+def _host_memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
 
 
 if __name__ == "__main__":  # a quick look: python -m megatron_sat.profiling.cpu_hardware
