@@ -18,7 +18,9 @@ What is searched (every combination the layout checks accept, megatron_sat.paral
   DP            what is left of the world size
   micro-batch   powers of two that divide the global batch / DP (up to MAX_MICRO_BATCH)
   SP            on or off where TP > 1
-  recompute     none, selective, full (full not for DenseFormer / MUDDFormer, which refuse it)
+  recompute     none, selective, full (full not for DenseFormer / MUDDFormer, which refuse it); a layout whose
+                lighter recompute fits is not predicted again with a heavier one (recompute only adds forward work:
+                never faster), counted as dominated
   distributed optimizer   on or off where DP > 1
 Held fixed: every one of these the user gives (on the command line or in a --config file), and the precision
 (--bf16 / --fp16 / --fp8-format; bf16 on GPUs by default, as the trainer decides).
@@ -35,7 +37,7 @@ from megatron_sat.training import planner
 from megatron_sat.training.arguments import build_parser
 from megatron_sat.training.config_file import explicit_dests, read_config
 
-MAX_MICRO_BATCH = 64
+MAX_MICRO_BATCH = 16  # larger ones only lengthen the bubble once the GEMMs are large (NeMo's auto-configurator: <= 8)
 # the trainer's dests the search varies: given by the user (command line or config file), each is held fixed
 SEARCHED_DESTS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                   "num_virtual_stages_per_pipeline_rank", "context_parallel_size", "sequence_parallel",
@@ -103,6 +105,7 @@ class SearchResult:
     ranked: List[Ranked] = field(default_factory=list)  # best (shortest step) first
     considered: int = 0  # layouts the checks accept
     refused_memory: int = 0  # of those, over the GPU's memory
+    dominated: int = 0  # of those, a heavier recompute of a layout whose lighter one fits (not predicted)
     capacity_gib: Optional[float] = None
 
 
@@ -204,18 +207,6 @@ def step_layout(c: Candidate, *, global_batch_size: int, precision: str, overlap
                            distributed_optimizer=c.distributed_optimizer, precision=precision, **overlap)
 
 
-def overlap_flags(args) -> Dict[str, bool]:
-    """The overlap switches the run gives (the trainer's --overlap-grad-reduce; Megatron-LM's others where known),
-    as the step-time model's Layout fields it has."""
-    names = [f.name for f in steptime.Layout.__dataclass_fields__.values()] \
-        if hasattr(steptime.Layout, "__dataclass_fields__") else []
-    out = {}
-    for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
-        if name in names and getattr(args, name, None) is not None:
-            out[name] = bool(getattr(args, name))
-    return out
-
-
 def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int] = None) -> SearchResult:
     """Rank every layout of the run `args` (trainer arguments, planner.resolve_args) on `cluster_spec` (a
     steptime.Cluster or a name such as '4x8xH100'); the layout dests given in `overrides` (given_dests) are held
@@ -234,10 +225,15 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
     capacity = planner.GPU_MEMORY_GIB.get(cl.gpu.name) or getattr(cl.gpu, "memory_gib", None)
     result = SearchResult(cluster=cl, fixed=fixed, precision=precision, capacity_gib=capacity)
     cache: dict = {}
-    overlap = overlap_flags(args)
+    overlap = planner.overlap_flags(args)
     vocab_cache: Dict[int, int] = {}
+    fits: set = set()  # layouts (less recompute) with a recompute that fits: heavier ones are dominated
     for c in candidates(model, world=world, seq_length=seq, global_batch_size=gbs, gpu=gpu, fixed=fixed):
         result.considered += 1
+        shape = (c.tp, c.pp, c.vpp, c.cp, c.micro_batch_size, c.sp, c.distributed_optimizer)
+        if shape in fits:
+            result.dominated += 1
+            continue
         if c.tp not in vocab_cache:
             vocab_cache[c.tp] = planner.padded_vocab_size(args.vocab_size or 32000, args, c.tp)
         vocab = vocab_cache[c.tp]
@@ -246,6 +242,7 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
         if capacity and mem["total"] > planner.USABLE_FRACTION * capacity:
             result.refused_memory += 1
             continue
+        fits.add(shape)
         pred = steptime.predict_step(model, step_layout(c, global_batch_size=gbs, precision=precision,
                                                         overlap=overlap), cl, seq_length=seq, vocab_size=vocab)
         result.ranked.append(Ranked(c, pred, mem))
@@ -288,7 +285,8 @@ def format_result(result: SearchResult, top: int = 5) -> str:
              f"{result.precision}; held fixed: {fixed}",
              f"{result.considered} layouts pass the layout checks, {result.refused_memory} refused by the memory "
              f"plan (over {100 * planner.USABLE_FRACTION:.0f}% of {result.capacity_gib or '?'} GiB), "
-             f"{len(result.ranked)} ranked"]
+             f"{result.dominated} dominated (a lighter recompute of the same layout fits), {len(result.ranked)} "
+             "ranked by predicted step time"]
     if not result.ranked:
         lines.append("no layout fits: raise the GPU count, lower the global batch or free a fixed flag")
         return "\n".join(lines)
