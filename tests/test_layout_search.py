@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-from megatron_sat.profiling import steptime
 from megatron_sat.training import layout_search, planner
 from megatron_sat.training.planner import plan_recipe, resolve_args
 
@@ -110,11 +109,12 @@ def test_gpu_hours_come_from_the_model():
     assert a100.gpu_hours > 2 * h100.gpu_hours
     lo, hi = h100.gpu_hours_band
     assert lo < h100.gpu_hours < hi
-    assert abs(hi / h100.gpu_hours - 1 - steptime.STEP_TIME_ERROR) < 1e-9
+    assert abs(hi / h100.gpu_hours - 1 - planner.step_time_error()) < 1e-9
     # a layout with a pipeline bubble costs more GPU hours than pure DP at the same model (the 0.40 MFU made them
     # equal)
-    pp = plan_recipe("satformer_760M", ["--pipeline-model-parallel-size", "4", "--micro-batch-size", "1"], gpu="H100")
-    assert pp.ok and pp.gpu_hours > h100.gpu_hours
+    dp = plan_recipe("satformer_1.3B", gpu="H100")
+    pp = plan_recipe("satformer_1.3B", ["--pipeline-model-parallel-size", "4", "--micro-batch-size", "1"], gpu="H100")
+    assert dp.ok and pp.ok and pp.gpu_hours > dp.gpu_hours
     # --mfu: an explicit override, the FLOPs formula
     given = plan_recipe("satformer_760M", gpu="H100", mfu=0.4)
     assert given.mfu_given and given.gpu_hours == given.flops_per_token * given.tokens / (989e12 * 0.4) / 3600
