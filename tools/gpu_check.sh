@@ -16,6 +16,8 @@
 # 2. tools/benchmark_step.py at the 760M and 1.3B shapes, BF16, seq 4096, one micro-batch: tokens/s, MFU, peak
 #    memory, and the SATFormer (and satformer:separate, when that variant exists) / Transformer ratios,
 #    interleaved in one process (goal: <= 1.02). FP8 ratios too where TE is present.
+# 3. tools/gpu_steptime_check.py: bf16 GEMM throughput at the 760M / 1.3B layer shapes and step 2's measured
+#    micro-batches against the step-time model's predictions for this GPU's gpus.json row (docs/step_time.md).
 # Figures land in OUT_DIR (summary.txt, *.json, *.log). Exit: 0 all ran, 1 a check failed, 2 cannot start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,5 +97,12 @@ for scale in 760M 1.3B; do
     fi
   done
 done
+# --- 3. the step-time model against this GPU (about a minute) --------------------------------------------------------
+say "== step-time model: GEMMs at the models' shapes and the benchmarked micro-batches, measured against predicted"
+timeout 120 "$py" tools/gpu_steptime_check.py --benchmarks "$out"/benchmark_*_bf16.json \
+  --output "$out/steptime_check.json" >"$out/steptime_check.log" 2>&1
+rc=$?
+tee -a "$summary" <"$out/steptime_check.log"
+((rc == 0)) || { say "gpu_steptime_check: exit $rc"; status=1; }
 say "gpu_check: done, exit $status; figures in $out"
 exit $status

@@ -48,7 +48,6 @@ PEAK_TFLOPS = {
 def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = None) -> dict:
     """Forward FLOPs per token by term. cfg: anything with SATConfig's field names; tp: the TP size the
     fused gate's padding is counted for (default the config's tensor_model_parallel_size, else 1)."""
-    from megatron_sat.model.fused_gate import padding_rows  # here: fused_gate imports torch, this module does not
     h, L, nh = cfg.hidden_size, cfg.num_layers, cfg.num_attention_heads
     ng = getattr(cfg, "num_query_groups", None) or nh
     d = getattr(cfg, "kv_channels", None) or h // nh
@@ -66,6 +65,9 @@ def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = N
         mixing=0,
     )
     if cfg.arch == "satformer":
+        # here, and only for SATFormer: fused_gate imports torch, this module does not (the step-time model and the
+        # planner count FLOPs of every other arch torch-free)
+        from megatron_sat.model.fused_gate import padding_rows
         out["gate"] = m * (2 * h * ng + ng)
         out["gate_padding"] = m * 2 * h * padding_rows(cfg, tp or getattr(cfg, "tensor_model_parallel_size", 1))
         out["mixing"] = m * 2 * ng * d
