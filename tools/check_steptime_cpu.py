@@ -68,8 +68,9 @@ def _port() -> int:
     return free_port()
 
 
-def predict(name: str, opts, cluster) -> object:
-    """The step-time model's StepPrediction of layout `name` on the measured CPU cluster."""
+def predict(name: str, opts, hardware) -> object:
+    """The step-time model's StepPrediction of layout `name` on one node of the layout's processes, each one
+    measured CPU `hardware` (cpu_hardware.cpu_hardware)."""
     from megatron_sat.model.args import model_args
     from megatron_sat.profiling import steptime
     from megatron_sat.training.planner import padded_vocab_size, resolve_args
@@ -81,6 +82,7 @@ def predict(name: str, opts, cluster) -> object:
     layout = steptime.Layout(tp=tp, pp=pp, vpp=args.num_virtual_stages_per_pipeline_rank, dp=dp, cp=1,
                              micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
                              sequence_parallel=False, recompute=None, distributed_optimizer=False, precision="fp32")
+    cluster = steptime.Cluster(gpu=hardware, nodes=1, gpus_per_node=nproc)
     return steptime.predict_step(model_args(args), layout, cluster, seq_length=args.seq_length,
                                  vocab_size=padded_vocab_size(args.vocab_size, args, tp))
 
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
         print(f"error: unknown layout(s) {', '.join(unknown)}; known: {', '.join(LAYOUTS)}", file=sys.stderr)
         return 2
     # torch, the benchmark and the model only now that the arguments are good
-    from megatron_sat.profiling.cpu_hardware import cpu_cluster, measure, model_shapes
+    from megatron_sat.profiling.cpu_hardware import cpu_hardware, measure, model_shapes
 
     t0 = time.time()
     measured = measure(model_shapes(opts.hidden_size, 4 * opts.hidden_size, opts.num_attention_heads,
@@ -116,11 +118,11 @@ def main(argv=None) -> int:
                                   opts.hidden_size // opts.num_attention_heads))
     print(measured, f"({time.time() - t0:.0f} s)")
     load = os.getloadavg()[0]
-    cluster = cpu_cluster(measured, ranks=2)
+    hardware = cpu_hardware(measured, ranks=2)
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for name in names:
-            pred = predict(name, opts, cluster)
+            pred = predict(name, opts, hardware)
             real = measure_run(name, opts, work)
             rows.append(dict(layout=name, predicted_s=pred.step_time_s, measured_s=real,
                              error=pred.step_time_s / real - 1, bubble_share=pred.bubble_share,

@@ -13,7 +13,7 @@ the collectives between `ranks` local processes over gloo (the backend CPU runs 
                      (2 (n - 1) / n x bytes) over message sizes 4 KiB .. 16 MiB
     op_overhead_s    the time of one tiny elementwise op (dispatch: what a small model's step is made of)
 Written here: no library measures a CPU as a GPU description; the numbers go into steptime's Hardware
-(megatron_sat.profiling.cpu_check.cpu_cluster).
+(cpu_hardware below; tools/check_steptime_cpu.py).
 """
 
 import os
@@ -184,13 +184,6 @@ def cpu_hardware(m: Measured, ranks: int = 2):
                          attention_efficiency=min(1.0, m.attention_flops / gemm), kernel_overhead_us=m.op_overhead_s * 1e6,
                          step_overhead_s=0.0),
         sources={"all": "measured at run time by megatron_sat/profiling/cpu_hardware.py"})
-
-
-def cpu_cluster(m: Measured, ranks: int = 2):
-    """One node of `ranks` measured CPU devices (cpu_hardware)."""
-    from megatron_sat.profiling import steptime
-
-    return steptime.Cluster(gpu=cpu_hardware(m, ranks), nodes=1, gpus_per_node=ranks)
 
 
 def _host_memory_gib() -> float:

@@ -104,16 +104,14 @@ ACTIVATION_TOLERANCE = 0.03  # relative: saved activations against the planner (
 GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100": 80.0, "cpu": None}
 USABLE_FRACTION = 0.9
 OVERHEAD_GIB = 3.0
-# the band around GPU hours from predicted step times, relative: the step-time model's error against the published
-# figures (steptime.STEP_TIME_ERROR, docs/step_time.md) where the model states one, else the issue's worst-row goal
-DEFAULT_STEP_TIME_ERROR = 0.20
 
 
 def step_time_error() -> float:
-    """The relative error band of a predicted step time (DEFAULT_STEP_TIME_ERROR's comment)."""
+    """The relative band around GPU hours from predicted step times: the step-time model's error against the
+    published figures (steptime.STEP_TIME_ERROR, docs/step_time.md)."""
     from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
 
-    return getattr(steptime, "STEP_TIME_ERROR", DEFAULT_STEP_TIME_ERROR)
+    return steptime.STEP_TIME_ERROR
 
 
 def load_recipes():
