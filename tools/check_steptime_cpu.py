@@ -48,7 +48,7 @@ def measure_run(name: str, opts, workdir: str) -> float:
     save = os.path.join(workdir, name)
     cmd = [sys.executable, "-m", "megatron_sat.torchrun", "--nproc-per-node", str(nproc), "--master-port",
            str(_port()), "-m", "megatron_sat.train", *model_flags(opts), *flags, "--train-iters", str(opts.steps),
-           "--log-interval", str(opts.log_interval), "--save", save, "--save-interval", "0", "--eval-interval", "0",
+           "--log-interval", str(opts.log_interval), "--save", save, "--save-interval", "100000", "--eval-interval", "100000",
            "--mock-data"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -100,6 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--log-interval", type=int, default=3)
+    p.add_argument("--verbose", action="store_true", help="also each prediction's breakdown (ms)")
     p.add_argument("--json", metavar="FILE", help="also write the rows and the measured CPU to FILE")
     opts = p.parse_args(argv)
     names = [n for n in opts.layouts.split(",") if n]
@@ -130,6 +131,8 @@ def main(argv=None) -> int:
             print(f"  {name:<16} predicted {pred.step_time_s:7.3f} s  measured {real:7.3f} s  "
                   f"error {100 * rows[-1]['error']:+6.1f}%  (bubble {100 * pred.bubble_share:.0f}%, exposed comm "
                   f"{100 * pred.exposed_comm_share:.0f}%)", flush=True)
+            if opts.verbose:
+                print("    " + pred.format().splitlines()[-1].strip(), flush=True)
     worst = max(abs(r["error"]) for r in rows)
     print(f"mean |error| {100 * statistics.fmean(abs(r['error']) for r in rows):.1f}%, worst {100 * worst:.1f}% "
           f"(goal 25%); load average {load:.1f} on {os.cpu_count()} cores at the start; {time.time() - t0:.0f} s")

@@ -19,7 +19,7 @@ Written here: no library measures a CPU as a GPU description; the numbers go int
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import List, Sequence, Tuple
 
 import torch
@@ -41,6 +41,7 @@ class Measured:
     link_bw: float  # bytes/s, of the ring all-reduce's per-rank traffic
     op_overhead_s: float
     attention_flops: float = 0.0  # FLOP/s of causal SDPA forward on the FLOPs it executes (half the s x s)
+    attention_shape: tuple = (2, 4, 256, 64)  # (b, a, s, d) it was measured at
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -163,27 +164,43 @@ def measure(shapes: Sequence[Tuple[int, int, int]], threads: int = 1, ranks: int
         torch.set_num_threads(old)
     latency, link = collectives(ranks, threads) if ranks > 1 else (0.0, float("inf"))
     return Measured(threads=threads, gemm_flops=statistics.median(by_shape.values()), gemm_by_shape=by_shape,
-                    mem_bw=bw, link_latency_s=latency, link_bw=link, op_overhead_s=overhead, attention_flops=attn)
+                    mem_bw=bw, link_latency_s=latency, link_bw=link, op_overhead_s=overhead, attention_flops=attn,
+                    attention_shape=tuple(attention))
 
 
 def cpu_hardware(m: Measured, ranks: int = 2):
-    """The step-time model's Hardware for this machine: one rank = one device whose fp32 "peak" is the measured
-    GEMM rate (efficiency 1: it is what the model's GEMMs reach here), HBM = the measured memory bandwidth, the
-    node's links = the measured gloo all-reduce (one node: no network), a kernel's overhead = one op's dispatch,
-    attention's efficiency = the measured SDPA rate over the GEMM rate. Nothing fitted to a step time."""
+    """The step-time model's Hardware for this machine, one rank = one device, in the model's own terms, so that
+    its roofline reproduces the measured rates at the measured shapes (nothing fitted to a step time):
+      peak (every precision)  the median over the measured GEMM shapes of rate / the model's shape factor there
+                              (steptime.roofline.gemm_efficiency at calibration 1: its tile waves and K_FILL
+                              curve, written for GPUs), so the model's GEMM at a measured shape runs at the rate
+                              measured there; gemm_efficiency 1
+      attention_efficiency    the measured causal SDPA rate / (that peak x the model's head-dim and key-length
+                              factors at the measured shape)
+      HBM                     the measured memory bandwidth (memory_efficiency 1)
+      links                   the measured gloo all-reduce: bandwidth of the ring's traffic, latency (one node: the
+                              network is the same loopback)
+      kernel_overhead_us      one op's dispatch; step_overhead_s 0."""
     from megatron_sat.profiling import steptime  # torch-free; imported here so that measuring needs only torch
+    from megatron_sat.profiling.steptime import roofline
 
-    gemm = m.gemm_flops
-    return steptime.Hardware(
-        name="cpu", full_name=f"this machine's CPU, {m.threads} thread(s) a rank (measured)",
-        peak_tflops={p: gemm / 1e12 for p in ("fp32", "bf16", "fp16")}, hbm_gbps=m.mem_bw / 1e9,
-        memory_gib=_host_memory_gib(), sm_count=1, intra_node_gbps=m.link_bw / 1e9,
-        intra_node_latency_us=m.link_latency_s * 1e6, inter_node_gbps=m.link_bw / 1e9,
-        inter_node_latency_us=m.link_latency_s * 1e6, gpus_per_node=ranks,
-        calibration=dict(gemm_efficiency=1.0, memory_efficiency=1.0, comm_efficiency=1.0,
-                         attention_efficiency=min(1.0, m.attention_flops / gemm), kernel_overhead_us=m.op_overhead_s * 1e6,
-                         step_overhead_s=0.0),
+    unit = steptime.Hardware(
+        name="cpu", peak_tflops={"fp32": 1.0}, hbm_gbps=m.mem_bw / 1e9, memory_gib=_host_memory_gib(), sm_count=1,
+        intra_node_gbps=m.link_bw / 1e9, intra_node_latency_us=m.link_latency_s * 1e6,
+        inter_node_gbps=m.link_bw / 1e9, inter_node_latency_us=m.link_latency_s * 1e6, gpus_per_node=ranks,
+        calibration=dict(gemm_efficiency=1.0, memory_efficiency=1.0, comm_efficiency=1.0, attention_efficiency=1.0,
+                         kernel_overhead_us=m.op_overhead_s * 1e6, step_overhead_s=0.0),
+        full_name=f"this machine's CPU, {m.threads} thread(s) a rank (measured)",
         sources={"all": "measured at run time by megatron_sat/profiling/cpu_hardware.py"})
+    peaks = []
+    for shape, rate in m.gemm_by_shape.items():
+        mm, k, n = (int(x) for x in shape.split("x"))
+        peaks.append(rate / roofline.gemm_efficiency(unit, mm, n, k))
+    peak = statistics.median(peaks)
+    b, a, s, d = m.attention_shape
+    attention = m.attention_flops / (peak * roofline.attention_efficiency(unit, d, s))
+    return replace(unit.with_calibration(attention_efficiency=attention),
+                   peak_tflops={p: peak / 1e12 for p in ("fp32", "bf16", "fp16")})
 
 
 def _host_memory_gib() -> float:
