@@ -29,7 +29,7 @@ stage, against USABLE_FRACTION of the GPU's memory; with CP each rank holds seq 
 Step time, MFU, tokens/s, bubble and exposed-communication shares: megatron_sat.profiling.steptime.predict_step.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from megatron_sat.profiling import steptime
@@ -200,11 +200,12 @@ def _memory(cfg, c: Candidate, *, seq_length: int, vocab_size: int, global_batch
     return mem
 
 
-def step_layout(c: Candidate, *, global_batch_size: int, precision: str, overlap: Dict[str, bool]):
-    """The step-time model's Layout of candidate `c`."""
-    return steptime.Layout(tp=c.tp, pp=c.pp, vpp=c.vpp, dp=c.dp, cp=c.cp, micro_batch_size=c.micro_batch_size,
-                           global_batch_size=global_batch_size, sequence_parallel=c.sp, recompute=c.recompute,
-                           distributed_optimizer=c.distributed_optimizer, precision=precision, **overlap)
+def step_layout(base, c: Candidate, precision: str):
+    """The step-time model's Layout of candidate `c`: the run's own (steptime.layout_from_args: overlaps, gradient
+    reduction dtype) with the candidate's sizes and switches."""
+    return replace(base, tp=c.tp, pp=c.pp, vpp=c.vpp, dp=c.dp, cp=c.cp, micro_batch_size=c.micro_batch_size,
+                   sequence_parallel=c.sp, recompute=c.recompute, distributed_optimizer=c.distributed_optimizer,
+                   precision=precision)
 
 
 def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int] = None) -> SearchResult:
@@ -225,7 +226,7 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
     capacity = planner.GPU_MEMORY_GIB.get(cl.gpu.name) or getattr(cl.gpu, "memory_gib", None)
     result = SearchResult(cluster=cl, fixed=fixed, precision=precision, capacity_gib=capacity)
     cache: dict = {}
-    overlap = planner.overlap_flags(args)
+    base = steptime.layout_from_args(args, world)
     vocab_cache: Dict[int, int] = {}
     fits: set = set()  # layouts (less recompute) with a recompute that fits: heavier ones are dominated
     for c in candidates(model, world=world, seq_length=seq, global_batch_size=gbs, gpu=gpu, fixed=fixed):
@@ -243,8 +244,7 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
             result.refused_memory += 1
             continue
         fits.add(shape)
-        pred = steptime.predict_step(model, step_layout(c, global_batch_size=gbs, precision=precision,
-                                                        overlap=overlap), cl, seq_length=seq, vocab_size=vocab)
+        pred = steptime.predict_step(model, step_layout(base, c, precision), cl, seq_length=seq, vocab_size=vocab)
         result.ranked.append(Ranked(c, pred, mem))
     result.ranked.sort(key=lambda r: (r.prediction.step_time_s, r.memory["total"]))
     if top:

@@ -290,7 +290,7 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
         plan.mfu_given = True
         plan.gpu_hours = flops * plan.tokens / (PEAK_TFLOPS[gpu] * 1e12 * mfu) / 3600
     elif gpu != "cpu" and not errors:
-        predicted = predict_plan(plan, args, dist_opt)
+        predicted = predict_plan(plan, args)
         plan.step_time_s, plan.mfu = predicted.step_time_s, predicted.mfu
         plan.gpu_hours = predicted.step_time_s * plan.train_iters * plan.world_size / 3600
         err = step_time_error()
@@ -309,27 +309,15 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
     return plan
 
 
-def predict_plan(plan: Plan, args, distributed_optimizer: bool):
-    """The step-time model's StepPrediction at the plan's layout, precision and overlap flags (the run's own: the
-    trainer overlaps nothing it is not told to)."""
+def predict_plan(plan: Plan, args):
+    """The step-time model's StepPrediction at the plan's layout, precision and overlap flags, as the trainer
+    resolves `args` on a GPU (steptime.layout_from_args: the run's own overlaps, off unless it turns them on)."""
     from megatron_sat.model.args import model_args
     from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
 
-    precision = "fp8" if plan.fp8 else "fp16" if getattr(args, "fp16", False) else "bf16"
-    layout = steptime.Layout(tp=plan.tp, pp=plan.pp, vpp=plan.vpp, dp=plan.dp, cp=args.context_parallel_size,
-                             micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,
-                             sequence_parallel=plan.sp, recompute=plan.recompute,
-                             distributed_optimizer=distributed_optimizer, precision=precision, **overlap_flags(args))
-    return steptime.predict_step(model_args(args), layout, steptime.cluster(
+    return steptime.predict_step(model_args(args), steptime.layout_from_args(args, plan.world_size), steptime.cluster(
         plan.gpu, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node), seq_length=plan.seq_length,
         vocab_size=plan.vocab_size)
-
-
-def overlap_flags(args) -> Dict[str, bool]:
-    """The run's --overlap-grad-reduce (and Megatron-LM's --overlap-param-gather / --tp-comm-overlap where given) as
-    the step-time model's Layout fields: off unless the run turns them on, as the trainer does."""
-    return {name: bool(getattr(args, name, False))
-            for name in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")}
 
 
 def _chunk_layers(num_layers: int, chunks: int) -> List[range]:
