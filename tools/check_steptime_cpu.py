@@ -127,10 +127,10 @@ def main(argv=None) -> int:
             real = measure_run(name, opts, work)
             rows.append(dict(layout=name, predicted_s=pred.step_time_s, measured_s=real,
                              error=pred.step_time_s / real - 1, bubble_share=pred.bubble_share,
-                             exposed_comm_share=pred.exposed_comm_share))
+                             exposed_comm_share=pred.exposed_comm_share, load_average=os.getloadavg()[0]))
             print(f"  {name:<16} predicted {pred.step_time_s:7.3f} s  measured {real:7.3f} s  "
                   f"error {100 * rows[-1]['error']:+6.1f}%  (bubble {100 * pred.bubble_share:.0f}%, exposed comm "
-                  f"{100 * pred.exposed_comm_share:.0f}%)", flush=True)
+                  f"{100 * pred.exposed_comm_share:.0f}%; load {rows[-1]['load_average']:.1f})", flush=True)
             if opts.verbose:
                 print("    " + pred.format().splitlines()[-1].strip(), flush=True)
     worst = max(abs(r["error"]) for r in rows)
