@@ -83,7 +83,8 @@ def main(argv=None) -> int:
                         "hours per arch on that cluster)")
     parser.add_argument("--nodes", type=int, default=None)
     parser.add_argument("--gpus-per-node", type=int, default=None)
-    parser.add_argument("--gpu", choices=list(GPU_MEMORY_GIB), default=None)
+    parser.add_argument("--gpu", choices=list(GPU_MEMORY_GIB) + [g for g in steptime.gpu_names() if g not in GPU_MEMORY_GIB],
+                        default=None)
     parser.add_argument("--cluster", metavar="NODESxPERxGPU",
                         help=f"e.g. 4x8xH100 (GPUs: {', '.join(steptime.gpu_names())}); sets nodes, GPUs per node, GPU")
     parser.add_argument("--mfu", type=float, default=None,

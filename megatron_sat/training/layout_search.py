@@ -223,7 +223,7 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
     model = model_args(args)
     cfg = model_config(args)
     gbs, seq = args.global_batch_size, args.seq_length
-    capacity = planner.GPU_MEMORY_GIB.get(cl.gpu.name) or getattr(cl.gpu, "memory_gib", None)
+    capacity = planner.gpu_memory_gib(cl.gpu.name) or getattr(cl.gpu, "memory_gib", None)
     result = SearchResult(cluster=cl, fixed=fixed, precision=precision, capacity_gib=capacity)
     cache: dict = {}
     base = steptime.layout_from_args(args, world)

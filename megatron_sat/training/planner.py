@@ -114,6 +114,23 @@ def step_time_error() -> float:
     return steptime.STEP_TIME_ERROR
 
 
+def known_gpus() -> List[str]:
+    """GPU kinds a plan sizes memory for: GPU_MEMORY_GIB's and the step-time model's (gpus.json)."""
+    from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
+
+    return list(GPU_MEMORY_GIB) + [g for g in steptime.gpu_names() if g not in GPU_MEMORY_GIB]
+
+
+def gpu_memory_gib(gpu: str) -> Optional[float]:
+    """A GPU's memory (GiB): GPU_MEMORY_GIB's, else the step-time model's description of it; None for the CPU or
+    an unknown GPU."""
+    from megatron_sat.profiling import steptime  # as known_gpus
+
+    if gpu in GPU_MEMORY_GIB:
+        return GPU_MEMORY_GIB[gpu]
+    return float(steptime.load_gpu(gpu).memory_gib) if gpu in steptime.gpu_names() else None
+
+
 def load_recipes():
     """The recipes package (the paper grid is registered when it is imported)."""
     return recipes
@@ -208,10 +225,15 @@ class Plan:
         elif self.gpu_hours is not None:
             lo, hi = self.gpu_hours_band
             lines.append(f"  compute   {self.flops_per_token / 1e9:.2f} GFLOP/token, predicted step "
-                         f"{self.step_time_s:.2f} s ({100 * self.mfu:.0f}% MFU), {self.gpu_hours:,.0f} GPU hours "
-                         f"({lo:,.0f}-{hi:,.0f}) = {self.wall_hours:.1f} h on {self.world_size} GPUs")
+                         f"{self.step_time_s:.2f} s ({100 * self.mfu:.0f}% MFU), {hours(self.gpu_hours)} GPU hours "
+                         f"({hours(lo)}-{hours(hi)}) = {self.wall_hours:.1f} h on {self.world_size} GPUs")
         lines.append("  status    OK" if self.ok else "  status    INVALID:\n    " + "\n    ".join(self.errors))
         return "\n".join(lines)
+
+
+def hours(h: float) -> str:
+    """GPU hours as 1,234 or 5.6 (under 10)."""
+    return f"{h:,.0f}" if h >= 10 else f"{h:.1f}"
 
 
 def format_tokens(n: float) -> str:
@@ -257,8 +279,9 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
     from megatron_sat.training.setup import model_config, precision_and_layout
 
     errors = []
-    if gpu not in GPU_MEMORY_GIB:
-        errors.append(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GIB)}")
+    capacity = gpu_memory_gib(gpu)
+    if gpu not in GPU_MEMORY_GIB and capacity is None:
+        errors.append(f"unknown GPU {gpu!r}; known: {', '.join(known_gpus())}")
     try:
         cfg = model_config(args)  # the shape and arch switches; the layout is checked below, recompute counted
     except ValueError as e:
@@ -283,7 +306,7 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
                 pp=layout.pp, vpp=layout.vpp, sp=layout.sp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs,
                 num_microbatches=num_micro, seq_length=args.seq_length, train_iters=args.train_iters,
                 warmup_iters=args.lr_warmup_iters, lr=args.lr, parameters=params, flops_per_token=flops,
-                recompute=args.recompute_granularity, capacity_gib=GPU_MEMORY_GIB.get(gpu), mfu=mfu, errors=errors,
+                recompute=args.recompute_granularity, capacity_gib=capacity, mfu=mfu, errors=errors,
                 vocab_size=vocab)
     plan.fp8 = bool(bf16 and getattr(args, "fp8_format", None))
     if mfu is not None and gpu in PEAK_TFLOPS:
