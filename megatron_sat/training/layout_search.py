@@ -25,7 +25,8 @@ What is searched (every combination the layout checks accept, megatron_sat.paral
 Held fixed: every one of these the user gives (on the command line or in a --config file), and the precision
 (--bf16 / --fp16 / --fp8-format; bf16 on GPUs by default, as the trainer decides).
 Memory: megatron_sat.training.planner.stage_estimates, the plan the dry run checks against real ranks, on its worst
-stage, against USABLE_FRACTION of the GPU's memory; with CP each rank holds seq / CP tokens of every activation.
+stage, against USABLE_FRACTION of the GPU's memory; with CP each rank holds seq / CP tokens of every activation
+(and, without recompute, (seq / CP) x seq attention scores, not (seq / CP)^2).
 Step time, MFU, tokens/s, bubble and exposed-communication shares: megatron_sat.profiling.steptime.predict_step.
 """
 
@@ -181,18 +182,28 @@ def candidates(model, *, world: int, seq_length: int, global_batch_size: int, gp
 def _memory(cfg, c: Candidate, *, seq_length: int, vocab_size: int, global_batch_size: int, precision: str,
             gpu: bool, cache: dict) -> Dict[str, float]:
     """The planner's memory per GPU (worst stage) of candidate `c`; the distributed optimizer's saving is applied
-    to the cached plan without it (it only divides the optimizer state by DP)."""
+    to the cached plan without it (it only divides the optimizer state by DP). With CP each rank keeps seq / CP
+    tokens of every activation, but without recompute its attention scores are (seq / CP) x seq, not (seq / CP)^2:
+    the planner's score bytes at the whole sequence (its no-recompute minus its selective plan) / CP."""
     from megatron_sat.parallel.layout import Layout
 
-    key = (c.tp, c.pp, c.vpp, c.cp, c.sp, c.micro_batch_size, c.recompute)
-    if key not in cache:
-        m = global_batch_size // (c.micro_batch_size * c.dp)
-        cache[key] = planner.estimate_memory(
-            cfg, Layout(tp=c.tp, pp=c.pp, vpp=c.vpp, cp=c.cp, sp=c.sp), dp=c.dp, micro_batch_size=c.micro_batch_size,
-            num_microbatches=m, seq_length=seq_length // c.cp, vocab_size=vocab_size,
-            bf16=precision in ("bf16", "fp8", "fp16"), distributed_optimizer=False, recompute=c.recompute,
-            backend="te" if gpu else "local")
-    mem = dict(cache[key])
+    def plan(seq: int, recompute: Optional[str]) -> Dict[str, float]:
+        key = (c.tp, c.pp, c.vpp, c.cp, c.sp, c.micro_batch_size, recompute, seq)
+        if key not in cache:
+            m = global_batch_size // (c.micro_batch_size * c.dp)
+            cache[key] = planner.estimate_memory(
+                cfg, Layout(tp=c.tp, pp=c.pp, vpp=c.vpp, cp=c.cp, sp=c.sp), dp=c.dp,
+                micro_batch_size=c.micro_batch_size, num_microbatches=m, seq_length=seq, vocab_size=vocab_size,
+                bf16=precision in ("bf16", "fp8", "fp16"), distributed_optimizer=False, recompute=recompute,
+                backend="te" if gpu else "local")
+        return cache[key]
+
+    mem = dict(plan(seq_length // c.cp, c.recompute))
+    if c.cp > 1 and c.recompute is None:
+        scores = plan(seq_length, None)["activations"] - plan(seq_length, "selective")["activations"]
+        extra = scores * (1 / c.cp - 1 / c.cp ** 2)
+        mem["activations"] += extra
+        mem["total"] += extra
     if c.distributed_optimizer:
         saved = mem["optimizer"] * (1 - 1 / c.dp)
         mem["optimizer"] -= saved
