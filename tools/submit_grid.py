@@ -23,8 +23,9 @@ else site.sh beside the sbatch scripts (`--slurm-dir` prints their folder: slurm
 installed package otherwise). Relative paths (runs, logs) are relative to the current folder, where the jobs run
 too. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
 Entries, run-folder names, plans and sbatch arguments: megatron_sat/sweep/plan.py; manifests, sbatch calls and the
-sweep's record: megatron_sat/sweep/submit.py (this file parses and prints). GPU hours come from the FLOPs count
-(megatron_sat.model.flops: 3 x forward, attention included) at an assumed MFU (--mfu, default 0.40). A trainer
+sweep's record: megatron_sat/sweep/submit.py (this file parses and prints). GPU hours come from the step-time model's
+predicted step at each entry's layout (megatron_sat/profiling/steptime; the total with the model's error band);
+--mfu F replaces the prediction by an assumed MFU (FLOPs / (peak x F)) for every entry. A trainer
 flag after `--` may be --config FILE: every entry is resolved as the trainer resolves it (recipe < config file <
 flags), and --resolve prints the trainer's own step count (after --train-samples).
 """
@@ -77,7 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("--time", help="Slurm time limit per job, e.g. 08:00:00")
     p.add_argument("--segments", type=int, default=1, help="chain N jobs per array with afterany dependencies")
     p.add_argument("--max-parallel", type=int, default=None, help="array throttle: at most K tasks at once")
-    p.add_argument("--mfu", type=float, default=0.40)
+    p.add_argument("--mfu", type=float, default=None,
+                   help="an assumed MFU for the GPU hours, overriding the step-time model's predicted step time")
     p.add_argument("--sweep", default=None, help="the sweep's name (default grid-<date>-<time>): wandb group, "
                                                   "collect_grid.py --sweep")
     p.add_argument("--check-layouts", action="store_true",

@@ -90,7 +90,7 @@ def entries(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int]) -
 
 
 def build(archs: Sequence[str], scales: Sequence[str], seeds: Sequence[int], trainer_flags: Sequence[str] = (),
-          cluster_overrides: Optional[dict] = None, mfu: float = 0.40) -> Tuple[List[dict], Dict[tuple, List[dict]]]:
+          cluster_overrides: Optional[dict] = None, mfu: Optional[float] = None) -> Tuple[List[dict], Dict[tuple, List[dict]]]:
     """(rows, groups): every entry with its flags, run name, cluster, plan and arguments, and the entries grouped
     into job arrays by cluster shape, keyed (scale, nodes, GPUs per node, GPU kind, time limit)."""
     overrides = {k: v for k, v in (cluster_overrides or {}).items() if k in CLUSTER_KEYS and v is not None}
@@ -114,6 +114,21 @@ def _hours(h: Optional[float]) -> str:
     return "-" if h is None else (f"{h:,.0f}" if h >= 10 else f"{h:.1f}")
 
 
+def _total(rows: List[dict]) -> str:
+    """The sweep's GPU hours: predicted by the step-time model at each entry's layout (with its error band), or at
+    the assumed MFU given (--mfu)."""
+    if not rows:
+        return "no runs"
+    plans = [r["plan"] for r in rows]
+    total = sum(p.gpu_hours or 0 for p in plans)
+    if any(p.mfu_given for p in plans):
+        return f"{len(rows)} run(s), {total:,.0f} GPU hours in all (at an assumed {100 * plans[0].mfu:.0f}% MFU)"
+    lo = sum((p.gpu_hours_band or (0, 0))[0] for p in plans)
+    hi = sum((p.gpu_hours_band or (0, 0))[1] for p in plans)
+    return (f"{len(rows)} run(s), {total:,.0f} GPU hours in all ({lo:,.0f}-{hi:,.0f}; predicted step times, "
+            "megatron_sat/profiling/steptime)")
+
+
 def table(rows: List[dict]) -> str:
     """The grid as a text table (one line per entry: size, layout, memory, GPU hours, run folder) and its total."""
     head = ["recipe", "seed", "params", "tokens", "iters", "nodes x gpus", "layout", "mem GiB", "GPU h", "wall h",
@@ -129,9 +144,7 @@ def table(rows: List[dict]) -> str:
     widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
     fmt = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
     out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(x) for x in lines]
-    total = sum(r["plan"].gpu_hours or 0 for r in rows)
-    out.append(f"{len(rows)} run(s), {total:,.0f} GPU hours in all (at {100 * rows[0]['plan'].mfu:.0f}% MFU)"
-               if rows else "no runs")
+    out.append(_total(rows))
     baselines = sorted({r["arch"] for r in rows if r["arch"] in BASELINES})
     if baselines:
         out.append(f"note: mem GiB counts the extra activations of {', '.join(baselines)} as checked on CPU, "

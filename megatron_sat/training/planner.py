@@ -79,8 +79,10 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                  block's 8sbf/t. Left out: MUDDFormer's stream gradients and the messages' gradients (one at a
                  time), and the Transformer's own [s, b, h] message, which Megatron keeps too.
   overhead       3 GiB (CUDA context, NCCL and cuBLAS workspaces).
-GPU time: FLOPs per token from megatron_sat.model.flops (3 x forward, attention included) x tokens /
-(peak bf16 x MFU); MFU defaults to 0.40 (the published ~1B H100 anchors are 40-48%).
+GPU time: the step-time model's predicted step (megatron_sat.profiling.steptime.predict_step: compute on the GPU's
+roofline, the layout's collectives, the pipeline schedule simulated) at the plan's layout x steps x GPUs, with the
+band of the model's error against published throughput (steptime's STEP_TIME_ERROR, docs/step_time.md); with an
+explicit MFU (mfu=, --mfu) instead: FLOPs per token (megatron_sat.model.flops, 3 x forward) x tokens / (peak x MFU).
 """
 
 from dataclasses import dataclass, field
@@ -103,7 +105,31 @@ ACTIVATION_TOLERANCE = 0.03  # relative: saved activations against the planner (
 GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100": 80.0, "cpu": None}
 USABLE_FRACTION = 0.9
 OVERHEAD_GIB = 3.0
-DEFAULT_MFU = 0.40
+
+
+def step_time_error() -> float:
+    """The relative band around GPU hours from predicted step times: the step-time model's error against the
+    published figures (steptime.STEP_TIME_ERROR, docs/step_time.md)."""
+    from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
+
+    return steptime.STEP_TIME_ERROR
+
+
+def known_gpus() -> List[str]:
+    """GPU kinds a plan sizes memory for: GPU_MEMORY_GIB's and the step-time model's (gpus.json)."""
+    from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
+
+    return list(GPU_MEMORY_GIB) + [g for g in steptime.gpu_names() if g not in GPU_MEMORY_GIB]
+
+
+def gpu_memory_gib(gpu: str) -> Optional[float]:
+    """A GPU's memory (GiB): GPU_MEMORY_GIB's, else the step-time model's description of it; None for the CPU or
+    an unknown GPU."""
+    from megatron_sat.profiling import steptime  # as known_gpus
+
+    if gpu in GPU_MEMORY_GIB:
+        return GPU_MEMORY_GIB[gpu]
+    return float(steptime.load_gpu(gpu).memory_gib) if gpu in steptime.gpu_names() else None
 
 
 def load_recipes():
@@ -136,7 +162,11 @@ class Plan:
     memory: Dict[str, float] = field(default_factory=dict)  # GiB per GPU (worst stage)
     capacity_gib: Optional[float] = None
     gpu_hours: Optional[float] = None
-    mfu: float = DEFAULT_MFU
+    mfu: Optional[float] = None  # predicted at the layout, or the one given (mfu_given)
+    mfu_given: bool = False  # GPU hours from an assumed MFU (--mfu) rather than the step-time model
+    step_time_s: Optional[float] = None  # predicted
+    gpu_hours_band: Optional[Tuple[float, float]] = None  # the model's error band around gpu_hours
+    fp8: bool = False
     errors: List[str] = field(default_factory=list)
     vocab_size: int = 0  # padded as the trainer pads it
     stages: List[dict] = field(default_factory=list)  # stage_estimates, one per pipeline stage
@@ -189,11 +219,22 @@ class Plan:
                 + (f"connections {m['connections']:.1f}, " if m.get("connections") else "")
                 + (f"history grads {m['history_grads']:.1f}, " if m.get("history_grads") else "")
                 + f"overhead {m['overhead']:.1f})")
-        if self.gpu_hours is not None:
+        if self.gpu_hours is not None and self.mfu_given:
             lines.append(f"  compute   {self.flops_per_token / 1e9:.2f} GFLOP/token, {self.gpu_hours:,.0f} GPU hours "
-                         f"at {100 * self.mfu:.0f}% MFU = {self.wall_hours:.1f} h on {self.world_size} GPUs")
+                         f"at an assumed {100 * self.mfu:.0f}% MFU (--mfu) = {self.wall_hours:.1f} h on "
+                         f"{self.world_size} GPUs")
+        elif self.gpu_hours is not None:
+            lo, hi = self.gpu_hours_band
+            lines.append(f"  compute   {self.flops_per_token / 1e9:.2f} GFLOP/token, predicted step "
+                         f"{self.step_time_s:.2f} s ({100 * self.mfu:.0f}% MFU), {hours(self.gpu_hours)} GPU hours "
+                         f"({hours(lo)}-{hours(hi)}) = {self.wall_hours:.1f} h on {self.world_size} GPUs")
         lines.append("  status    OK" if self.ok else "  status    INVALID:\n    " + "\n    ".join(self.errors))
         return "\n".join(lines)
+
+
+def hours(h: float) -> str:
+    """GPU hours as 1,234 or 5.6 (under 10)."""
+    return f"{h:,.0f}" if h >= 10 else f"{h:.1f}"
 
 
 def format_tokens(n: float) -> str:
@@ -214,9 +255,9 @@ def default_cluster(recipe: Optional[str]) -> dict:
 
 
 def plan_recipe(recipe: Optional[str], overrides: Sequence[str] = (), nodes: Optional[int] = None,
-                gpus_per_node: Optional[int] = None, gpu: Optional[str] = None, mfu: float = DEFAULT_MFU) -> Plan:
+                gpus_per_node: Optional[int] = None, gpu: Optional[str] = None, mfu: Optional[float] = None) -> Plan:
     """Plan `recipe` (or the one --config FILE in `overrides` names) on its default cluster (default_cluster) with
-    any of it overridden."""
+    any of it overridden; mfu: an assumed MFU for the GPU hours instead of the step-time model's prediction."""
     args = resolve_args(recipe, overrides)
     c = default_cluster(args.recipe)
     return make_plan(args, recipe=args.recipe or "none", nodes=nodes or c["nodes"],
@@ -230,8 +271,9 @@ def padded_vocab_size(vocab_size: int, args, tp: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: float = DEFAULT_MFU) -> Plan:
-    """Validate and size the run described by trainer arguments `args` on nodes x gpus_per_node `gpu`s."""
+def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: Optional[float] = None) -> Plan:
+    """Validate and size the run described by trainer arguments `args` on nodes x gpus_per_node `gpu`s; GPU hours
+    from the step-time model at the layout, or from `mfu` when one is given (module docstring)."""
     # torch and megatron-core (4 s) only when a plan is made: plan_layout, dry_run and submit_grid read this
     # module's tables before parsing their arguments, and --help and bad input must answer at once
     from megatron_sat.parallel.layout import validate
@@ -239,8 +281,9 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
 
     on_gpu = gpu != "cpu"  # a GPU target has Transformer Engine (the trainer's default backend there)
     errors = argument_errors(args, None, inputs=False, gpu=on_gpu, te=on_gpu)  # the trainer's checks; the layout's below
-    if gpu not in GPU_MEMORY_GIB:
-        errors.append(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GIB)}")
+    capacity = gpu_memory_gib(gpu)
+    if gpu not in GPU_MEMORY_GIB and capacity is None:
+        errors.append(f"unknown GPU {gpu!r}; known: {', '.join(known_gpus())}")
     try:
         cfg = model_config(args)  # the shape and arch switches; the layout is checked below, recompute counted
     except ValueError as e:
@@ -265,10 +308,18 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
                 pp=layout.pp, vpp=layout.vpp, sp=layout.sp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs,
                 num_microbatches=num_micro, seq_length=args.seq_length, train_iters=args.train_iters,
                 warmup_iters=args.lr_warmup_iters, lr=args.lr, parameters=params, flops_per_token=flops,
-                recompute=args.recompute_granularity, capacity_gib=GPU_MEMORY_GIB.get(gpu), mfu=mfu, errors=errors,
+                recompute=args.recompute_granularity, capacity_gib=capacity, mfu=mfu, errors=errors,
                 vocab_size=vocab)
-    if gpu in PEAK_TFLOPS:
+    plan.fp8 = bool(bf16 and getattr(args, "fp8_format", None))
+    if mfu is not None and gpu in PEAK_TFLOPS:
+        plan.mfu_given = True
         plan.gpu_hours = flops * plan.tokens / (PEAK_TFLOPS[gpu] * 1e12 * mfu) / 3600
+    elif gpu != "cpu" and not errors:
+        predicted = predict_plan(plan, args)
+        plan.step_time_s, plan.mfu = predicted.step_time_s, predicted.mfu
+        plan.gpu_hours = predicted.step_time_s * plan.train_iters * plan.world_size / 3600
+        err = step_time_error()
+        plan.gpu_hours_band = (plan.gpu_hours * (1 - err), plan.gpu_hours * (1 + err))
     if not errors:
         plan.stages = stage_estimates(cfg, layout, dp=dp, micro_batch_size=mbs, num_microbatches=num_micro,
                                       seq_length=args.seq_length, vocab_size=vocab, bf16=bf16,
@@ -281,6 +332,17 @@ def make_plan(args, recipe: str, nodes: int, gpus_per_node: int, gpu: str, mfu: 
                 f"{gpu}'s {plan.capacity_gib:.0f} GiB: lower --micro-batch-size, add --recompute-granularity "
                 "selective/full, or raise TP/PP")
     return plan
+
+
+def predict_plan(plan: Plan, args):
+    """The step-time model's StepPrediction at the plan's layout, precision and overlap flags, as the trainer
+    resolves `args` on a GPU (steptime.layout_from_args: the run's own overlaps, off unless it turns them on)."""
+    from megatron_sat.model.args import model_args
+    from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
+
+    return steptime.predict_step(model_args(args), steptime.layout_from_args(args, plan.world_size), steptime.cluster(
+        plan.gpu, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node), seq_length=plan.seq_length,
+        vocab_size=plan.vocab_size)
 
 
 def _chunk_layers(num_layers: int, chunks: int) -> List[range]:

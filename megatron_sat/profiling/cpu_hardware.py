@@ -1,0 +1,212 @@
+"""This machine as the step-time model's hardware: a short micro-benchmark measured at run time.
+
+    from megatron_sat.profiling.cpu_hardware import measure
+    m = measure(shapes=[(256, 512, 1536)], threads=1, ranks=2)   # ~10-20 s
+    print(m)                                                      # GEMM FLOP/s, memory bandwidth, gloo
+
+One rank is one "device": each rank of a CPU run gets `threads` intra-op threads (the script that checks the model
+sets OMP_NUM_THREADS to it), so the GEMM and memory rates are measured with that many threads in this process, and
+the collectives between `ranks` local processes over gloo (the backend CPU runs use), as all-reduces of a few sizes:
+    gemm_flops       FLOP/s of fp32 matmuls at the model's shapes ([m, k] x [k, n], each timed, the median rate)
+    mem_bw           bytes/s of an elementwise add over arrays far larger than the caches (2 reads + 1 write)
+    link_latency_s, link_bw   a fit t = latency + bytes / bw of the ring all-reduce's time per step
+                     (2 (n - 1) / n x bytes) over message sizes 4 KiB .. 16 MiB
+    op_overhead_s    the time of one tiny elementwise op (dispatch: what a small model's step is made of)
+Written here: no library measures a CPU as a GPU description; the numbers go into steptime's Hardware
+(cpu_hardware below; tools/check_steptime_cpu.py).
+"""
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from megatron_sat.parallel.process_group import free_port
+
+COLLECTIVE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+
+
+@dataclass
+class Measured:
+    threads: int
+    gemm_flops: float  # FLOP/s, median over the shapes
+    gemm_by_shape: dict  # "m x k x n" -> FLOP/s
+    mem_bw: float  # bytes/s
+    link_latency_s: float
+    link_bw: float  # bytes/s, of the ring all-reduce's per-rank traffic
+    op_overhead_s: float
+    attention_flops: float = 0.0  # FLOP/s of causal SDPA forward on the FLOPs it executes (half the s x s)
+    attention_shape: tuple = (2, 4, 256, 64)  # (b, a, s, d) it was measured at
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (f"CPU ({self.threads} thread(s) a rank): GEMM {self.gemm_flops / 1e9:.1f} GFLOP/s, memory "
+                f"{self.mem_bw / 1e9:.1f} GB/s, gloo all-reduce {self.link_latency_s * 1e6:.0f} us + "
+                f"{self.link_bw / 1e9:.2f} GB/s, op {self.op_overhead_s * 1e6:.1f} us, attention "
+                f"{self.attention_flops / 1e9:.1f} GFLOP/s")
+
+
+def _best_time(fn, min_s: float = 0.15, reps: int = 3) -> float:
+    """The fastest of `reps` timings of fn (each the mean over enough calls to last about min_s)."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    n = max(1, int(min_s / once))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def gemm_rates(shapes: Sequence[Tuple[int, int, int]]) -> dict:
+    """{'m x k x n': FLOP/s} of fp32 [m, k] x [k, n] matmuls."""
+    out = {}
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        out[f"{m}x{k}x{n}"] = 2 * m * k * n / _best_time(lambda a=a, b=b: torch.mm(a, b))
+    return out
+
+
+def memory_bandwidth(mib: int = 64) -> float:
+    """bytes/s of c = a + b over fp32 arrays of `mib` MiB each."""
+    n = mib * (1 << 20) // 4
+    a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
+    return 3 * 4 * n / _best_time(lambda: torch.add(a, b, out=c))
+
+
+def attention_rate(b: int, a: int, s: int, d: int) -> float:
+    """FLOP/s of causal scaled_dot_product_attention's forward on [b, a, s, d], counting the FLOPs it executes
+    (2 x 2 b a s^2 d, half of them under the causal mask)."""
+    q, k, v = (torch.randn(b, a, s, d) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return 2 * b * a * s * s * d / _best_time(lambda: sdpa(q, k, v, is_causal=True))
+
+
+def op_overhead() -> float:
+    """Seconds of one elementwise op on a 64-value tensor: dispatch, not work."""
+    x = torch.ones(64)
+    return _best_time(lambda: x.mul(1.0), min_s=0.05)
+
+
+def _collective_worker(rank: int, world: int, port: int, threads: int, queue) -> None:
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        rows = []
+        for size in COLLECTIVE_BYTES:
+            x = torch.ones(size // 4)
+            for _ in range(2):
+                dist.all_reduce(x)
+            times = []
+            for _ in range(5 if size < (1 << 20) else 3):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(4):
+                    dist.all_reduce(x)
+                times.append((time.perf_counter() - t0) / 4)
+            rows.append((size, min(times)))
+        if rank == 0:
+            queue.put(rows)
+    finally:
+        dist.destroy_process_group()
+
+
+def collectives(ranks: int = 2, threads: int = 1) -> Tuple[float, float]:
+    """(latency s, bandwidth bytes/s) of gloo all-reduces among `ranks` local processes: least squares of
+    t = latency + traffic / bw, traffic = 2 (n - 1) / n x bytes (the ring's per-rank sends)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_collective_worker, args=(r, ranks, port, threads, queue)) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    rows = queue.get(timeout=300)
+    for p in procs:
+        p.join(60)
+    traffic = [2 * (ranks - 1) / ranks * size for size, _ in rows]
+    times = [t for _, t in rows]
+    mx, my = statistics.fmean(traffic), statistics.fmean(times)
+    slope = sum((x - mx) * (y - my) for x, y in zip(traffic, times)) / sum((x - mx) ** 2 for x in traffic)
+    latency = max(my - slope * mx, min(times) * 0.5)
+    return latency, 1.0 / max(slope, 1e-15)
+
+
+def model_shapes(hidden: int, ffn: int, heads: int, groups: int, tokens: int, vocab: int,
+                 tp: int = 1) -> List[Tuple[int, int, int]]:
+    """The forward GEMMs of one layer and the logits at `tokens` = micro-batch x sequence rows, TP-sharded."""
+    d = hidden // heads
+    return [(tokens, hidden, (heads + 2 * groups) * d // tp), (tokens, heads * d // tp, hidden),
+            (tokens, hidden, 2 * ffn // tp), (tokens, ffn // tp, hidden), (tokens, hidden, vocab // tp)]
+
+
+def measure(shapes: Sequence[Tuple[int, int, int]], threads: int = 1, ranks: int = 2,
+            attention: Tuple[int, int, int, int] = (2, 4, 256, 64)) -> Measured:
+    """This machine, `threads` threads a rank (see the module docstring); attention: (b, a, s, d) of the model."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        by_shape = gemm_rates(shapes)
+        bw = memory_bandwidth()
+        overhead = op_overhead()
+        attn = attention_rate(*attention)
+    finally:
+        torch.set_num_threads(old)
+    latency, link = collectives(ranks, threads) if ranks > 1 else (0.0, float("inf"))
+    return Measured(threads=threads, gemm_flops=statistics.median(by_shape.values()), gemm_by_shape=by_shape,
+                    mem_bw=bw, link_latency_s=latency, link_bw=link, op_overhead_s=overhead, attention_flops=attn,
+                    attention_shape=tuple(attention))
+
+
+def cpu_hardware(m: Measured, ranks: int = 2):
+    """The step-time model's Hardware for this machine, one rank = one device, in the model's own terms, so that
+    its roofline reproduces the measured rates at the measured shapes (nothing fitted to a step time):
+      peak (every precision)  the median over the measured GEMM shapes of rate / the model's shape factor there
+                              (steptime.roofline.gemm_efficiency at calibration 1: its tile waves and K_FILL
+                              curve, written for GPUs), so the model's GEMM at a measured shape runs at the rate
+                              measured there; gemm_efficiency 1
+      attention_efficiency    the measured causal SDPA rate / (that peak x the model's head-dim and key-length
+                              factors at the measured shape)
+      HBM                     the measured memory bandwidth (memory_efficiency 1)
+      links                   the measured gloo all-reduce: bandwidth of the ring's traffic, latency (one node: the
+                              network is the same loopback)
+      kernel_overhead_us      one op's dispatch; step_overhead_s 0."""
+    from megatron_sat.profiling import steptime  # torch-free; imported here so that measuring needs only torch
+    from megatron_sat.profiling.steptime import roofline
+
+    unit = steptime.Hardware(
+        name="cpu", peak_tflops={"fp32": 1.0}, hbm_gbps=m.mem_bw / 1e9, memory_gib=_host_memory_gib(), sm_count=1,
+        intra_node_gbps=m.link_bw / 1e9, intra_node_latency_us=m.link_latency_s * 1e6,
+        inter_node_gbps=m.link_bw / 1e9, inter_node_latency_us=m.link_latency_s * 1e6, gpus_per_node=ranks,
+        calibration=dict(gemm_efficiency=1.0, memory_efficiency=1.0, comm_efficiency=1.0, attention_efficiency=1.0,
+                         kernel_overhead_us=m.op_overhead_s * 1e6, step_overhead_s=0.0),
+        full_name=f"this machine's CPU, {m.threads} thread(s) a rank (measured)",
+        sources={"all": "measured at run time by megatron_sat/profiling/cpu_hardware.py"})
+    peaks = []
+    for shape, rate in m.gemm_by_shape.items():
+        mm, k, n = (int(x) for x in shape.split("x"))
+        peaks.append(rate / roofline.gemm_efficiency(unit, mm, n, k))
+    peak = statistics.median(peaks)
+    b, a, s, d = m.attention_shape
+    attention = m.attention_flops / (peak * roofline.attention_efficiency(unit, d, s))
+    return replace(unit.with_calibration(attention_efficiency=attention),
+                   peak_tflops={p: peak / 1e12 for p in ("fp32", "bf16", "fp16")})
+
+
+def _host_memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
+
+
+if __name__ == "__main__":  # a quick look: python -m megatron_sat.profiling.cpu_hardware
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print(measure(model_shapes(256, 1024, 4, 4, 1024, 4096)))

@@ -1,0 +1,120 @@
+"""The layout search (megatron_sat/training/layout_search.py, plan-layout --search) and GPU hours from the step-time
+model (planner, plan-layout --all, submit-grid): rankings whose answer is known by construction, held flags, the
+memory plan's refusals, --json's shape, bad input.
+
+    .venv/bin/python -m pytest -q tests/test_layout_search.py        # about half a minute on 2 cores
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from megatron_sat.training import layout_search, planner
+from megatron_sat.training.planner import plan_recipe, resolve_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# a 1.3B-class model small enough to search fast: 2 nodes of 4 H100s
+MODEL = ["--arch", "transformer", "--num-layers", "8", "--hidden-size", "2048", "--num-attention-heads", "16",
+         "--seq-length", "2048", "--vocab-size", "32000", "--global-batch-size", "64", "--train-iters", "10"]
+
+
+def _search(overrides, cluster="2x4xH100"):
+    return layout_search.search(resolve_args(None, MODEL + overrides), cluster, MODEL + overrides)
+
+
+def _find(result, **kw):
+    return [r for r in result.ranked if all(getattr(r.candidate, k) == v for k, v in kw.items())]
+
+
+def test_tp_stays_inside_the_node_when_the_network_is_slower():
+    """TP8 on 2 nodes of 4 puts every layer's all-reduce on the network; TP4 x PP2 keeps it on NVLink and the
+    pipeline's one message per micro-batch crosses the network instead: TP4 x PP2 is faster, and the best layout
+    keeps TP within a node."""
+    result = _search(["--micro-batch-size", "1", "--recompute-granularity", "selective"])
+    assert result.ranked and result.ranked[0].candidate.tp <= 4
+    same = dict(micro_batch_size=1, vpp=None, cp=1, sp=True, distributed_optimizer=True)
+    tp8 = _find(result, tp=8, pp=1, **same)
+    tp4 = _find(result, tp=4, pp=2, **same)
+    assert tp8 and tp4
+    assert tp4[0].prediction.step_time_s < tp8[0].prediction.step_time_s
+    assert tp8[0].prediction.exposed_comm_share > tp4[0].prediction.exposed_comm_share
+    times = [r.prediction.step_time_s for r in result.ranked]
+    assert times == sorted(times)  # best first
+
+
+def test_given_flags_are_held_and_the_rest_searched():
+    result = _search(["--tensor-model-parallel-size", "2", "--recompute-granularity", "full"])
+    assert result.fixed == {"tensor_model_parallel_size": 2, "recompute_granularity": "full"}
+    assert result.ranked
+    assert {r.candidate.tp for r in result.ranked} == {2}
+    assert {r.candidate.recompute for r in result.ranked} == {"full"}
+    assert len({(r.candidate.pp, r.candidate.micro_batch_size) for r in result.ranked}) > 1  # the rest varies
+    free = _search([])
+    assert len({r.candidate.tp for r in free.ranked}) > 1 and len(free.ranked) > len(result.ranked)
+
+
+def test_layouts_the_memory_plan_refuses_are_absent():
+    """On 1 H100 the 8-layer 2048-wide model at micro-batch 16 without recompute keeps its s x s attention scores
+    (5as^2b per layer): over 80 GB, the plan refuses it and the search drops it; with selective recompute it fits."""
+    result = _search([], cluster="1x1xH100")
+    assert result.refused_memory > 0
+    cap = planner.USABLE_FRACTION * result.capacity_gib
+    assert all(r.memory["total"] <= cap for r in result.ranked)
+    assert not _find(result, micro_batch_size=16, recompute=None)
+    assert _find(result, micro_batch_size=16, recompute="selective")
+    assert _find(result, micro_batch_size=1, recompute=None)  # a lighter recompute that fits is the one ranked
+    assert not _find(result, micro_batch_size=1, recompute="selective") and result.dominated > 0
+    # the refused one is refused by the planner itself, not by the search's own arithmetic
+    args = resolve_args(None, MODEL + ["--micro-batch-size", "16", "--use-distributed-optimizer"])
+    plan = planner.make_plan(args, recipe="none", nodes=1, gpus_per_node=1, gpu="H100")
+    assert not plan.ok and "exceeds 90%" in " ".join(plan.errors)
+
+
+def _tool(*args, expect=0):
+    proc = subprocess.run([sys.executable, "tools/plan_layout.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_search_cli_json_and_text():
+    out = _tool("--search", "--cluster", "2x4xH100", *MODEL, "--json").stdout
+    data = json.loads(out)
+    assert data["cluster"] == "2x4xH100" and data["layouts"]
+    for row in data["layouts"]:
+        assert {"step_time_s", "tflops_per_gpu", "mfu", "memory_gib", "tokens_per_s", "bubble_share",
+                "exposed_comm_share", "flags"} <= set(row)
+        assert 0 < row["mfu"] < 1 and row["memory_gib"] > 0
+    times = [r["step_time_s"] for r in data["layouts"]]
+    assert times == sorted(times)
+    text = _tool("--search", "--cluster", "2x4xH100", *MODEL, "--top", "3").stdout
+    assert "best:" in text and "x the step time" in text and "exposed comm" in text
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    for argv in (["--search", "--cluster", "2x4xFOO", *MODEL], ["--search", "--cluster", "2x4xH100", "--arch",
+                                                                 "transformer", "--num-layers", "8"],
+                 ["--recipe", "satformer_760M", "--mfu", "4"]):
+        err = _tool(*argv, expect=2).stderr.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("error:"), err
+
+
+def test_gpu_hours_come_from_the_model():
+    h100 = plan_recipe("satformer_760M", gpu="H100")
+    a100 = plan_recipe("satformer_760M", gpu="A100")
+    assert h100.ok and a100.ok and not h100.mfu_given
+    # the step-time model's hours: steps x predicted step x GPUs, and another GPU changes them
+    assert abs(h100.gpu_hours - h100.step_time_s * h100.train_iters * h100.world_size / 3600) < 1e-6 * h100.gpu_hours
+    assert a100.gpu_hours > 2 * h100.gpu_hours
+    lo, hi = h100.gpu_hours_band
+    assert lo < h100.gpu_hours < hi
+    assert abs(hi / h100.gpu_hours - 1 - planner.step_time_error()) < 1e-9
+    # a layout with a pipeline bubble costs more GPU hours than pure DP at the same model (the 0.40 MFU made them
+    # equal)
+    dp = plan_recipe("satformer_1.3B", gpu="H100")
+    pp = plan_recipe("satformer_1.3B", ["--pipeline-model-parallel-size", "4", "--micro-batch-size", "1"], gpu="H100")
+    assert dp.ok and pp.ok and pp.gpu_hours > dp.gpu_hours
+    # --mfu: an explicit override, the FLOPs formula
+    given = plan_recipe("satformer_760M", gpu="H100", mfu=0.4)
+    assert given.mfu_given and given.gpu_hours == given.flops_per_token * given.tokens / (989e12 * 0.4) / 3600
