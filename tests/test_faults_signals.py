@@ -14,7 +14,8 @@ resume, data edge cases, and a hung rank. Real trainer processes, torchrun and m
   launchers: USR1 to megatron_sat.torchrun's group, TP2 x PP2 (every rank saves, exit 0, no rank outlives it);
       USR1 to plain torchrun's group (it dies of the signal; its ranks save and exit on their parent-death signal)
   hang: one rank of a DP2 job SIGSTOPped -> the watchdog names it within --hang-timeout-minutes, exit 75, nothing
-      left running; the rerun resumes and repeats the first attempt's losses exactly
+      left running; the rerun resumes and repeats the first attempt's losses exactly; with the process groups'
+      timeout below the watchdog's, the timed-out collective ends the same way (report, marker, exit 75)
   suspension: the whole DP2 job SIGSTOPped for 2x the hang timeout, then SIGCONT -> one line with its length, no exit,
       the losses of an unsuspended run exactly; a rank left stopped after a second suspension -> named, exit 75
 (Slurm's srun launch, USR1 then requeue: tests/test_slurm.py::test_preempted_job_requeues_and_resumes.)
@@ -479,6 +480,40 @@ def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
     repeated = [s for s in first if s > stop]
     assert repeated and all(again[s] == first[s] for s in repeated), [(s, first[s], again[s]) for s in repeated]
     assert not (run / ".watchdog").exists()
+
+
+def test_a_stopped_rank_whose_collective_times_out_first_ends_as_a_hang(tmp_path):
+    """The trainer's side of the other order: --distributed-timeout-minutes 0.4 below --hang-timeout-minutes 1, rank 1
+    of a DP2 job SIGSTOPped after step 3. Rank 0's gloo collective times out first (24 s); the loop hands it to the
+    watchdog: its report names the timeout and rank 1, the marker is written, megatron_sat.torchrun exits 75
+    (launch.sh requeues on both; the rerun resumes as in the test above: nothing is saved on either path)."""
+    run = tmp_path / "run"
+    flags = ["--save-interval", "100", "--hang-timeout-minutes", "1", "--distributed-timeout-minutes", "0.4"]
+    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags)
+    ranks = {}
+    try:
+        wait_for(lambda: _steps(run) >= 3, proc, "step 3")
+        ranks = _ranks(proc, 2)
+        everything = _descendants(proc.pid)
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        t_stop = time.time()
+        rc = proc.wait(timeout=300)
+        took = time.time() - t_stop
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in ranks.values():
+            if psutil.pid_exists(p.pid):
+                p.kill()
+    log = _log(tmp_path / "a.log")
+    assert rc == 75, log[-4000:]
+    assert "--hang-timeout-minutes 1 >= --distributed-timeout-minutes 0.4: a hung collective times out first" in log
+    assert "megatron-sat watchdog (rank 0): a collective timed out (--distributed-timeout-minutes 0.4: " in log, \
+        log[-4000:]
+    assert "rank 1 stopped responding" in log and "NOT RESPONDING" in log, log[-4000:]
+    assert json.loads((run / ".watchdog" / "hang.json").read_text())["stopped"] == [1]
+    assert 24 <= took < 60, f"ended {took:.0f} s after the stop (M = 24 s, T = 60 s)"
+    assert not _alive(everything), "a process outlived the hung job"
 
 
 # ---------------------------------------------------------------------------------------------
