@@ -119,6 +119,25 @@ def test_a_conflicting_model_flag_exits_2_naming_it(tmp_path, capsys, flag, valu
     assert len(_problems(err)) == 1 and named in _problems(err)[0]  # one line, naming the flag and the conflict
 
 
+def test_a_profiled_range_past_the_last_step_is_refused_before_training(tmp_path, capsys):
+    """docs/profiling.md: a range ending past the run's last step would write no trace (it is written after the
+    range's last step): exit 2, one line, before anything is built; a range ending on the last step is accepted.
+    The last step is the trainer's own count (the script's --train-samples 8: 2 steps)."""
+    base = ["--recipe", "debug_satformer", "--train-iters", "16", "--save", str(tmp_path / "r"), "--profile",
+            "--use-pytorch-profiler"]
+    for start, end in ((17, 17), (15, 17), (2, 17)):
+        err = _refused([*base, "--profile-step-start", str(start), "--profile-step-end", str(end)], capsys)
+        assert _problems(err) == [f"--profile-step-start {start} to --profile-step-end {end} ends past the run's last "
+                                  "step (--train-iters 16): the trace is written after step "
+                                  f"{end}, so nothing would be; give a range within 1..16"], err
+    assert parse_args([*base, "--profile-step-start", "16", "--profile-step-end", "16"]).profile_step_end == 16
+    assert parse_args([*base, "--profile-step-start", "17", "--profile-step-end", "17", "--train-iters", "17"])
+    err = _refused([*llama(tmp_path), "--profile-step-end", "3"], capsys)
+    assert len(_problems(err)) == 1 and "(--train-iters 2)" in _problems(err)[0], err
+    assert parse_args(llama(tmp_path)).profile_step_end == 2
+    assert not (tmp_path / "r").exists()
+
+
 def test_the_script_parses_with_matching_model_flags(tmp_path):
     """The same command line parses (the matching model flags are no-ops) and resolves as Megatron-LM would."""
     args = parse_args(llama(tmp_path))
