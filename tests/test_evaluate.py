@@ -156,10 +156,11 @@ def test_lm_eval_form_refusals(export, tmp_path, capsys):
     assert not lm_eval_cli.is_lm_eval_form(["--model", "no/such/dir", "--tasks", "x"], own)  # ours: a clear refusal
 
 
-@pytest.mark.slow  # lm-eval's CLI indexes every task of lm-eval before it builds the model (~10 s, twice)
+@pytest.mark.slow  # lm-eval's CLI indexes every task of lm-eval before it builds the model
 def test_plain_lm_eval_refuses_a_missing_or_torn_checkpoint_in_one_line(tmp_path, capsys):
-    """`lm_eval --model megatron_sat --model_args checkpoint=MISSING`, and megatron-sat-evaluate's lm-eval form on a
-    run folder holding only a torn iter_XXXXXXX.tmp: one line (no traceback), exit 2, nothing written."""
+    """`lm_eval --model megatron_sat --model_args checkpoint=MISSING` as typed, and a run folder holding only a torn
+    iter_XXXXXXX.tmp built the way lm-eval's CLI builds the model (create_from_arg_string, with its CLI loaded): one
+    line (no traceback), exit 2, nothing written; from Python (no CLI) the same message is a ConversionError."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     missing, out = tmp_path / "MISSING", tmp_path / "out"
     r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "lm_eval"), "--model", "megatron_sat",
@@ -168,18 +169,25 @@ def test_plain_lm_eval_refuses_a_missing_or_torn_checkpoint_in_one_line(tmp_path
     errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert errors == [f"error: --model_args checkpoint={missing}: checkpoint {missing} does not exist"], errors
+    assert not out.exists()
+    from megatron_sat.analysis.lm_eval_backend import MegatronLM  # torch, megatron-core: only here
+    from megatron_sat.conversion.mapping import ConversionError
+
     run = tmp_path / "run"
     (run / "iter_0000005.tmp").mkdir(parents=True)
     (run / "iter_0000005.tmp" / "common.pt").write_bytes(b"torn")
+    torn = (f"{run} has no latest_checkpointed_iteration.txt and is not a checkpoint folder (only unfinished "
+            "checkpoints: iter_0000005.tmp; wait for the save to finish)")
+    if "lm_eval._cli" not in sys.modules:  # from Python: the exception, for the caller to handle
+        with pytest.raises(ConversionError, match="only unfinished checkpoints: iter_0000005.tmp"):
+            MegatronLM.create_from_arg_string(f"checkpoint={run}")
+    import lm_eval._cli  # noqa: F401  (what lm_eval and megatron-sat-evaluate run have loaded)
+
     with pytest.raises(SystemExit) as e:
-        main(["run", "--model", "megatron_sat", "--model_args", f"checkpoint={run}", "-t", "megatron_sat_tiny_mc",
-              "--include_path", TASKS, "-o", str(out)])
+        MegatronLM.create_from_arg_string(f"checkpoint={run}")
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "Traceback" not in err, err
-    assert [line for line in err.splitlines() if "error" in line.lower()] == [
-        f"error: --model_args checkpoint={run}: {run} has no latest_checkpointed_iteration.txt and is not a checkpoint "
-        "folder (only unfinished checkpoints: iter_0000005.tmp; wait for the save to finish)"], err
-    assert sorted(os.listdir(run)) == ["iter_0000005.tmp"] and not out.exists()  # nothing written, nothing removed
+    assert e.value.code == 2 and err.strip().splitlines() == [f"error: --model_args checkpoint={run}: {torn}"], err
+    assert sorted(os.listdir(run)) == ["iter_0000005.tmp"]  # nothing written, nothing removed
 
 
 def test_help_imports_no_torch():
