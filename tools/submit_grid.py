@@ -101,6 +101,9 @@ def main(argv=None) -> int:
         print(SLURM_DIR)
         return 0
 
+    if opts.pin and not opts.resolve:
+        print("error: --pin goes with --resolve (slurm/launch.sh's call)", file=sys.stderr)
+        return 2
     if opts.resolve:
         try:
             args, name = resolve(opts.resolve, trainer_flags)
