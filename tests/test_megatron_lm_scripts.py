@@ -113,10 +113,21 @@ def _problems(err: str) -> list:
     ("--norm-epsilon", "0", "--norm-epsilon must be > 0 (got 0.0)"),
     ("--max-position-embeddings", "16", "--max-position-embeddings 16 is below --seq-length 32"),
     ("--vocab-file", "gpt2-vocab.json", "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here"),
+    ("--rotary-percent", "0.5", "--rotary-percent 0.5 conflicts with --arch transformer: RoPE rotates the whole head"),
+    ("--rotary-percent", "0.99", "--rotary-percent 0.99 conflicts with --arch transformer"),
+    ("--max-position-embeddings", "31", "--max-position-embeddings 31 is below --seq-length 32"),
 ])
 def test_a_conflicting_model_flag_exits_2_naming_it(tmp_path, capsys, flag, value, named):
     err = _refused([*llama(tmp_path), flag, value], capsys)
     assert len(_problems(err)) == 1 and named in _problems(err)[0]  # one line, naming the flag and the conflict
+
+
+def test_model_description_flags_at_their_edge_are_accepted(tmp_path):
+    """The other side of the refusals above: the values the archs are (RoPE on the whole head, a position table as
+    long as the sequence, one channel per head) parse."""
+    args = parse_args([*llama(tmp_path), "--rotary-percent", "1.0", "--max-position-embeddings", "32",
+                       "--kv-channels", "1"])
+    assert (args.rotary_percent, args.max_position_embeddings, args.kv_channels) == (1.0, 32, 1)
 
 
 def test_a_profiled_range_past_the_last_step_is_refused_before_training(tmp_path, capsys):
