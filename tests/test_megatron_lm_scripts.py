@@ -159,6 +159,14 @@ def test_the_script_parses_with_matching_model_flags(tmp_path):
     assert args.kv_channels == 16 and args.qk_layernorm  # Megatron-LM's --kv-channels: a real flag; QK-norm stays on
 
 
+def test_a_sample_based_schedule_that_is_not_whole_batches_stays_fractional(tmp_path):
+    """docs/ecosystem.md: --lr-warmup-samples / --lr-decay-samples N are N / global batch steps, fractional (the
+    script's global batch is 4): 6 samples are 1.5 steps, 7 are 1.75 (not rounded either way); whole batches whole."""
+    for warmup, decay, want in ((6, 7, (1.5, 1.75)), (5, 9, (1.25, 2.25)), (4, 8, (1.0, 2.0))):
+        args = parse_args([*llama(tmp_path), "--lr-warmup-samples", str(warmup), "--lr-decay-samples", str(decay)])
+        assert (args.lr_warmup_iters, args.lr_decay_iters) == want, (warmup, decay)
+
+
 def test_published_shape_flags(tmp_path):
     """--kv-channels free of hidden / heads, --no-qk-layernorm (Llama), --qk-layernorm (Megatron-LM's spelling: the
     default), --norm-epsilon reach the model the trainer builds."""
