@@ -217,6 +217,28 @@ def test_mfu_knows_the_datasheet_peaks(device, tflops):
     assert peak_tflops_of(device) == tflops
 
 
+@pytest.mark.parametrize("first, last", [(2, 4), (1, 2), (5, 5)])
+def test_a_profiled_range_of_several_steps_holds_exactly_those_steps(tmp_path, first, last):
+    """docs/profiling.md: the trace holds steps A..B, each a ProfilerStep#N, and no step on either side (the warm-up
+    step before A is not recorded). The trainer's calls around 6 steps of a small matrix product."""
+    args = argparse.Namespace(save=str(tmp_path), profile=True, profile_ranks=[0], use_pytorch_profiler=True,
+                              profile_step_start=first, profile_step_end=last, record_memory_history=False,
+                              memory_snapshot_path=None)
+    profiler = StepProfiler(args, rank=0, log=lambda line: None)
+    x = torch.ones(8, 8)
+    for step in range(1, 7):
+        profiler.before_step(step)
+        x = torch.mm(x, x) / 8
+        profiler.after_step(step)
+    profiler.close()
+    traces = glob.glob(str(tmp_path / "profile" / "*.pt.trace.json"))
+    assert len(traces) == 1, traces
+    with open(traces[0]) as f:
+        events = json.load(f)["traceEvents"]
+    profiled = {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert profiled == {f"ProfilerStep#{n}" for n in range(first, last + 1)}
+
+
 def test_memory_history_on_cpu_says_it_records_nothing(tmp_path):
     """--record-memory-history is a CUDA allocator feature: on CPU one line says so and nothing is written (the
     snapshot on OOM is tests/test_gpu.py's, run by tools/gpu_check.sh)."""
