@@ -190,6 +190,21 @@ def test_plain_lm_eval_refuses_a_missing_or_torn_checkpoint_in_one_line(tmp_path
     assert sorted(os.listdir(run)) == ["iter_0000005.tmp"]  # nothing written, nothing removed
 
 
+@pytest.mark.slow  # validate indexes every task of lm-eval
+def test_lm_evals_ls_and_validate_forms_go_to_lm_eval(capsys):
+    """megatron-sat-evaluate `ls` and `validate` (lm-eval 0.4.13's other subcommands) are lm-eval's form, with or
+    without the project's flag names after them; `validate` answers as lm-eval does (exit 0 for a known task, with
+    the bundled task folder searched)."""
+    own = ("--checkpoint", "--output")
+    for argv in (["ls", "tasks"], ["ls", "models"], ["validate", "--tasks", "x"], ["validate", "--tasks", "x",
+                                                                                  "--output", "o"]):
+        assert lm_eval_cli.is_lm_eval_form(argv, own), argv
+    assert not lm_eval_cli.is_lm_eval_form(["lss", "tasks"], own) and not lm_eval_cli.is_lm_eval_form(
+        ["--checkpoint", "R", "--tasks", "validate"], own)
+    assert main(["validate", "--tasks", "based_drop,megatron_sat_tiny_mc", "--include_path", TASKS]) == 0
+    assert "Validating tasks: ['based_drop', 'megatron_sat_tiny_mc']" in capsys.readouterr().out
+
+
 def test_help_imports_no_torch():
     """evaluate --help answers without torch or lm-eval (the device default is chosen after parsing); and an
     interpreter of this install starts without importing lm-eval, while lm-eval's registry, once imported, knows
