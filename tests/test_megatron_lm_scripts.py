@@ -208,6 +208,24 @@ def test_rampup_and_sample_schedule_follow_megatron_lm(tmp_path, capsys):
     assert parse_args([*base, "--virtual-pipeline-model-parallel-size", "2"]).num_virtual_stages_per_pipeline_rank == 2
 
 
+def test_rampup_counts_and_bounds_at_their_edges(tmp_path, capsys):
+    """Megatron-LM's ramp-up count (ramp steps while consumed <= SAMPLES, then whole full batches) where an off-by-one
+    changes it (the script's global batch 4): 2 2 8 reaches 8 samples exactly; its step there is a ramp step, so 8
+    and 9 samples take 5 steps (Megatron-LM's count overshoots) and 21 take 7 (one ramp step fewer, or a count
+    from 1, changes one of these). The bounds of START, INCR and SAMPLES on both sides (SAMPLES 0: no ramp, which divided by zero
+    before; START = the global batch: no ramp; an INCR that does not divide the difference refused)."""
+    base = llama(tmp_path)
+    at = base.index("--train-samples")
+    base = [*base[:at], *base[at + 2:]]
+    for ramp, samples, steps in ((("2", "2", "8"), 9, 5), (("2", "2", "8"), 21, 7), (("2", "2", "8"), 8, 5),
+                                 (("1", "1", "6"), 7, 4), (("4", "1", "6"), 9, 2), (("1", "3", "0"), 9, 2)):
+        args = parse_args([*base, "--rampup-batch-size", *ramp, "--train-samples", str(samples)])
+        assert args.train_iters == steps, (ramp, samples, args.train_iters)
+    for ramp in (("2", "3", "8"), ("0", "1", "8"), ("1", "0", "8"), ("5", "1", "8"), ("1", "1", "-1")):
+        err = _refused([*base, "--rampup-batch-size", *ramp, "--train-samples", "20"], capsys)
+        assert f"--rampup-batch-size {' '.join(ramp)}: need 1 <= START" in err, ramp
+
+
 @pytest.mark.parametrize("device, tflops", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
                                             ("NVIDIA A10", 125.0), ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0),
                                             ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0), ("NVIDIA H20", 148.0),
