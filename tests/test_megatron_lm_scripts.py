@@ -221,6 +221,10 @@ def test_rampup_counts_and_bounds_at_their_edges(tmp_path, capsys):
                                  (("1", "1", "6"), 7, 4), (("4", "1", "6"), 9, 2), (("1", "3", "0"), 9, 2)):
         args = parse_args([*base, "--rampup-batch-size", *ramp, "--train-samples", str(samples)])
         assert args.train_iters == steps, (ramp, samples, args.train_iters)
+    args = parse_args([*base, "--rampup-batch-size", "2", "2", "8", "--train-samples", "21"])
+    assert [megatron_lm_flags.global_batch_at(args, c) for c in (0, 7, 8, 9)] == [2, 2, 4, 4]  # INCR 2 steps by 2
+    args = parse_args([*base, "--rampup-batch-size", "1", "1", "1", "--train-samples", "9"])  # SAMPLES 1: one step
+    assert [megatron_lm_flags.global_batch_at(args, c) for c in (0, 1, 2)] == [1, 4, 4] and args.train_iters == 3
     for ramp in (("2", "3", "8"), ("0", "1", "8"), ("1", "0", "8"), ("5", "1", "8"), ("1", "1", "-1")):
         err = _refused([*base, "--rampup-batch-size", *ramp, "--train-samples", "20"], capsys)
         assert f"--rampup-batch-size {' '.join(ramp)}: need 1 <= START" in err, ramp
