@@ -507,7 +507,8 @@ def test_a_stopped_rank_whose_collective_times_out_first_ends_as_a_hang(tmp_path
                 p.kill()
     log = _log(tmp_path / "a.log")
     assert rc == 75, log[-4000:]
-    assert "--hang-timeout-minutes 1 >= --distributed-timeout-minutes 0.4: a hung collective times out first" in log
+    assert "--hang-timeout-minutes 1 is above 0.8 x --distributed-timeout-minutes 0.4: a hung collective may time " \
+        "out first" in log, log[-4000:]
     assert "megatron-sat watchdog (rank 0): a collective timed out (--distributed-timeout-minutes 0.4: " in log, \
         log[-4000:]
     assert "rank 1 stopped responding" in log and "NOT RESPONDING" in log, log[-4000:]

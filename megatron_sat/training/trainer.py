@@ -47,7 +47,7 @@ from megatron_sat.training.run_paths import record_paths
 from megatron_sat.training.setup import model_config, precision_and_layout, scheduler
 from megatron_sat.training.signals import StopSignal, bind_to_launcher
 from megatron_sat.training.step import NonFiniteLoss, evaluate, gpt_forward_step, setup_model_and_optimizer, train_step
-from megatron_sat.training.watchdog import Watchdog, enable_flight_recorder, is_collective_timeout, timeouts
+from megatron_sat.training.watchdog import HEADROOM, Watchdog, enable_flight_recorder, is_collective_timeout, timeouts
 
 
 class UsageError(ValueError):
@@ -330,11 +330,11 @@ class Loop:
         args = self.args
         self.watchdog = Watchdog(args.save, torch.distributed.get_rank(), self.setup.world, 60 * self.hang_minutes,
                                  log=self.log).start()
-        if self.watchdog.enabled and self.hang_minutes >= self.group_minutes:
-            self.log(f"warning: --hang-timeout-minutes {self.hang_minutes:g} >= --distributed-timeout-minutes "
-                     f"{self.group_minutes:g}: a hung collective times out first; under gloo the watchdog still "
-                     f"reports it (exit 75), under NCCL the process is aborted without the report. Give T < M "
-                     f"(docs/reliability_signals.md)")
+        if self.watchdog.enabled and self.hang_minutes > HEADROOM * self.group_minutes * (1 + 1e-9):
+            self.log(f"warning: --hang-timeout-minutes {self.hang_minutes:g} is above {HEADROOM:g} x "
+                     f"--distributed-timeout-minutes {self.group_minutes:g}: a hung collective may time out first; "
+                     f"under gloo the watchdog still reports it (exit 75), under NCCL the process is aborted without "
+                     f"the report. Give at most {HEADROOM * self.group_minutes:g} (docs/reliability_signals.md)")
         try:
             with self.profiler.oom_snapshot():
                 return self._run()
