@@ -3,7 +3,11 @@
 megatron_sat_lm_eval.pth, written into site-packages beside the package (wheel and editable installs): at interpreter
 start it makes lm-eval know the `megatron_sat` model backend, so that plain `lm_eval --model megatron_sat` works
 (lm-eval 0.4.13 has no plugin entry point for models; see megatron_sat/analysis/lm_eval_registration.py). The line
-imports nothing heavy: it waits for lm-eval's registry to be imported.
+imports nothing heavy and not the megatron_sat package: it imports a copy of lm_eval_registration.py installed beside
+it as the top-level module megatron_sat_lm_eval_registration (which imports only importlib and sys), and that waits
+for lm-eval's registry to be imported. Importing megatron_sat itself at interpreter start would put the installed
+package into sys.modules before the working folder is on sys.path: `python -m megatron_sat.train` in another
+checkout would run the installed one's code, and a broken import would break every Python process of the venv.
 """
 import os
 
@@ -11,7 +15,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 PTH = "megatron_sat_lm_eval.pth"
-PTH_LINE = "import megatron_sat.analysis.lm_eval_registration as _msat_lm_eval; _msat_lm_eval.install()\n"
+HOOK = "megatron_sat_lm_eval_registration"  # a top-level module: a copy of the file below
+HOOK_SOURCE = os.path.join("megatron_sat", "analysis", "lm_eval_registration.py")
+PTH_LINE = f"import {HOOK}; {HOOK}.install()\n"
 
 
 class BuildPyWithPth(build_py):
@@ -24,9 +30,11 @@ class BuildPyWithPth(build_py):
         os.makedirs(root, exist_ok=True)
         with open(os.path.join(root, PTH), "w") as f:
             f.write(PTH_LINE)
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.copy_file(os.path.join(here, HOOK_SOURCE), os.path.join(root, HOOK + ".py"))
 
     def get_outputs(self, *args, **kwargs):
-        extra = [] if self.editable_mode else [os.path.join(self.build_lib, PTH)]
+        extra = [] if self.editable_mode else [os.path.join(self.build_lib, name) for name in (PTH, HOOK + ".py")]
         return [*super().get_outputs(*args, **kwargs), *extra]
 
 

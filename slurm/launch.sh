@@ -117,8 +117,19 @@ msat_train() {
     [ $# -ge 1 ] || msat_die "usage: msat_train RECIPE [trainer flags...]"
     local recipe=$1
     shift
-    local resolved
-    resolved=$(msat_tool submit_grid --resolve "$recipe" -- "$@") || msat_die "cannot resolve recipe $recipe $*"
+    # The run this job continues: its name is pinned at the job's first start (megatron_sat/sweep/pins.py), so that
+    # a config file or recipe edited before a requeue is refused (exit 2, one line saying what changed) instead of
+    # starting a new run at step 0 beside the half-trained one. One pin per sweep entry: array.sbatch sets MSAT_PIN
+    # per manifest line; a plain job's is per job id.
+    local pin=${MSAT_PIN:-}
+    [ -z "$pin" ] && [ -n "${SLURM_JOB_ID:-}" ] && pin="$MSAT_RUNS/_grid/pins/job_${SLURM_JOB_ID}.json"
+    local resolved rc
+    export MSAT_JOB=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-}}
+    MSAT_JOB=${MSAT_JOB:-${SLURM_JOB_ID:-}}  # recorded in the pin
+    resolved=$(msat_tool submit_grid --resolve "$recipe" ${pin:+--pin "$pin"} -- "$@")
+    rc=$?
+    [ "$rc" -eq 2 ] && exit 2  # refused (the resolver's one line says why)
+    [ "$rc" -eq 0 ] || msat_die "cannot resolve recipe $recipe $*"
     local RUN_NAME TRAIN_ITERS NEEDS_DATA
     eval "$resolved"
     local run_dir=${MSAT_RUN_DIR:-$MSAT_RUNS/$RUN_NAME}

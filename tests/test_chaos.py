@@ -59,3 +59,34 @@ def test_ten_faults_over_a_sweep_end_bit_identical_to_a_fault_free_run(tmp_path)
     table = proc.stdout
     for kind in chaos_faults.KINDS:
         assert f"| {kind}" in table, table
+
+
+def test_bit_identical_means_every_bit_of_two_real_checkpoints(tmp_path):
+    """verify_chaos's "bit-identical" on two torch distributed checkpoints (what the trainer writes), read back as
+    chaos.py reads them: equal ones pass; a float32 weight one ulp apart, a bf16 moment one ulp apart, 0.0 against
+    -0.0, a dtype changed, a key missing each fail, naming that tensor; NaN against the same NaN passes."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import verify_chaos  # tests/chaos/verify_chaos.py
+
+    base = {"model.w": torch.linspace(-1, 1, 12).reshape(3, 4), "model.z": torch.tensor([0.0, 1.0]),
+            "optimizer.m": torch.full((5,), 0.3, dtype=torch.bfloat16), "optimizer.step": torch.tensor([7]),
+            "model.nan": torch.tensor([float("nan"), 1.0])}
+
+    def read(name, **changed):
+        state = {k: v.clone() for k, v in dict(base, **changed).items() if v is not None}
+        dcp.save(state, checkpoint_id=str(tmp_path / name))
+        return verify_chaos._tensors(str(tmp_path / name))
+
+    ref = read("ref")
+    assert verify_chaos.differing(read("same"), ref) == []
+    w = base["model.w"].clone()
+    w[1, 2] = torch.nextafter(w[1, 2], torch.tensor(2.0))
+    m = base["optimizer.m"].clone()
+    m[0] = (m[0].view(torch.int16) + 1).view(torch.bfloat16)  # the next bf16 value
+    for name, changed, want in (("ulp", {"model.w": w}, ["model.w"]),
+                                ("bf16", {"optimizer.m": m}, ["optimizer.m"]),
+                                ("zero", {"model.z": torch.tensor([-0.0, 1.0])}, ["model.z"]),
+                                ("dtype", {"optimizer.step": torch.tensor([7], dtype=torch.int32)}, ["optimizer.step"]),
+                                ("missing", {"optimizer.m": None}, ["optimizer.m"])):
+        assert verify_chaos.differing(read(name, **changed), ref) == want, name

@@ -156,6 +156,55 @@ def test_lm_eval_form_refusals(export, tmp_path, capsys):
     assert not lm_eval_cli.is_lm_eval_form(["--model", "no/such/dir", "--tasks", "x"], own)  # ours: a clear refusal
 
 
+@pytest.mark.slow  # lm-eval's CLI indexes every task of lm-eval before it builds the model
+def test_plain_lm_eval_refuses_a_missing_or_torn_checkpoint_in_one_line(tmp_path, capsys):
+    """`lm_eval --model megatron_sat --model_args checkpoint=MISSING` as typed, and a run folder holding only a torn
+    iter_XXXXXXX.tmp built the way lm-eval's CLI builds the model (create_from_arg_string, with its CLI loaded): one
+    line (no traceback), exit 2, nothing written; from Python (no CLI) the same message is a ConversionError."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    missing, out = tmp_path / "MISSING", tmp_path / "out"
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "lm_eval"), "--model", "megatron_sat",
+                        "--model_args", f"checkpoint={missing}", "--tasks", "megatron_sat_tiny_mc", "--include_path",
+                        TASKS, "-o", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert errors == [f"error: --model_args checkpoint={missing}: checkpoint {missing} does not exist"], errors
+    assert not out.exists()
+    from megatron_sat.analysis.lm_eval_backend import MegatronLM  # torch, megatron-core: only here
+    from megatron_sat.conversion.mapping import ConversionError
+
+    run = tmp_path / "run"
+    (run / "iter_0000005.tmp").mkdir(parents=True)
+    (run / "iter_0000005.tmp" / "common.pt").write_bytes(b"torn")
+    torn = (f"{run} has no latest_checkpointed_iteration.txt and is not a checkpoint folder (only unfinished "
+            "checkpoints: iter_0000005.tmp; wait for the save to finish)")
+    if "lm_eval._cli" not in sys.modules:  # from Python: the exception, for the caller to handle
+        with pytest.raises(ConversionError, match="only unfinished checkpoints: iter_0000005.tmp"):
+            MegatronLM.create_from_arg_string(f"checkpoint={run}")
+    import lm_eval._cli  # noqa: F401  (what lm_eval and megatron-sat-evaluate run have loaded)
+
+    with pytest.raises(SystemExit) as e:
+        MegatronLM.create_from_arg_string(f"checkpoint={run}")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines() == [f"error: --model_args checkpoint={run}: {torn}"], err
+    assert sorted(os.listdir(run)) == ["iter_0000005.tmp"]  # nothing written, nothing removed
+
+
+@pytest.mark.slow  # validate indexes every task of lm-eval
+def test_lm_evals_ls_and_validate_forms_go_to_lm_eval(capsys):
+    """megatron-sat-evaluate `ls` and `validate` (lm-eval 0.4.13's other subcommands) are lm-eval's form, with or
+    without the project's flag names after them; `validate` answers as lm-eval does (exit 0 for a known task, with
+    the bundled task folder searched)."""
+    own = ("--checkpoint", "--output")
+    for argv in (["ls", "tasks"], ["ls", "models"], ["validate", "--tasks", "x"], ["validate", "--tasks", "x",
+                                                                                  "--output", "o"]):
+        assert lm_eval_cli.is_lm_eval_form(argv, own), argv
+    assert not lm_eval_cli.is_lm_eval_form(["lss", "tasks"], own) and not lm_eval_cli.is_lm_eval_form(
+        ["--checkpoint", "R", "--tasks", "validate"], own)
+    assert main(["validate", "--tasks", "based_drop,megatron_sat_tiny_mc", "--include_path", TASKS]) == 0
+    assert "Validating tasks: ['based_drop', 'megatron_sat_tiny_mc']" in capsys.readouterr().out
+
+
 def test_help_imports_no_torch():
     """evaluate --help answers without torch or lm-eval (the device default is chosen after parsing); and an
     interpreter of this install starts without importing lm-eval, while lm-eval's registry, once imported, knows
@@ -172,6 +221,30 @@ def test_help_imports_no_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert r.stdout.split() == ["False", "True", "False"], \
         (r.stdout, r.stderr, "megatron_sat_lm_eval.pth missing from site-packages? reinstall: make venv")
+
+
+def test_the_installed_package_never_shadows_a_checkout(tmp_path):
+    """megatron_sat_lm_eval.pth (setup.py) imports a copy of lm_eval_registration.py, not the megatron_sat package:
+    an interpreter of this venv starts without megatron_sat in sys.modules, so `python -m megatron_sat.X` in another
+    checkout (here a copy of this one's package, changed) runs that checkout's code, and lm-eval's registry still
+    knows the backend there."""
+    import sysconfig
+
+    with open(os.path.join(sysconfig.get_paths()["purelib"], "megatron_sat_lm_eval.pth")) as f:
+        assert "megatron_sat." not in f.read()  # the hook module is top-level: no package import at start-up
+    copy = tmp_path / "checkout"
+    shutil.copytree(os.path.join(REPO, "megatron_sat"), copy / "megatron_sat",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "megatron_sat" / "which_checkout.py").write_text("import megatron_sat\nprint(megatron_sat.__file__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-m", "megatron_sat.which_checkout"], cwd=copy, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == str(copy / "megatron_sat" / "__init__.py"), (r.stdout, r.stderr)
+    code = ("import sys; print(any(m.split('.')[0] == 'megatron_sat' for m in sys.modules))\n"
+            "from lm_eval.api.registry import model_registry as r\n"
+            "print('megatron_sat' in r, 'megatron_sat' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["False", "True", "False"], (r.stdout, r.stderr)
 
 
 def test_unknown_tasks_refused():

@@ -14,7 +14,8 @@ resume, data edge cases, and a hung rank. Real trainer processes, torchrun and m
   launchers: USR1 to megatron_sat.torchrun's group, TP2 x PP2 (every rank saves, exit 0, no rank outlives it);
       USR1 to plain torchrun's group (it dies of the signal; its ranks save and exit on their parent-death signal)
   hang: one rank of a DP2 job SIGSTOPped -> the watchdog names it within --hang-timeout-minutes, exit 75, nothing
-      left running; the rerun resumes and repeats the first attempt's losses exactly
+      left running; the rerun resumes and repeats the first attempt's losses exactly; with the process groups'
+      timeout below the watchdog's, the timed-out collective ends the same way (report, marker, exit 75)
   suspension: the whole DP2 job SIGSTOPped for 2x the hang timeout, then SIGCONT -> one line with its length, no exit,
       the losses of an unsuspended run exactly; a rank left stopped after a second suspension -> named, exit 75
 (Slurm's srun launch, USR1 then requeue: tests/test_slurm.py::test_preempted_job_requeues_and_resumes.)
@@ -393,6 +394,57 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
     assert timeout < detected <= timeout + heartbeat + 0.25, detected
 
 
+def test_the_watchdog_fires_before_a_collective_times_out_whichever_timeout_is_given():
+    """docs/reliability_signals.md, "one outcome": neither timeout given -> T 10, M 30; M given -> T = 0.8 M; T given
+    -> M = max(30, T / 0.8); both given -> as given. With the defaults the watchdog fires (T plus one heartbeat,
+    at most 0.88 M) before a collective that began after the last progress times out (M)."""
+    from megatron_sat.training.watchdog import Watchdog, timeouts
+
+    assert timeouts(None, None) == (10.0, 30.0)
+    assert timeouts(None, 5.0) == (4.0, 5.0) and timeouts(None, 60.0) == (48.0, 60.0)
+    assert timeouts(0.25, None) == (0.25, 30.0) and timeouts(40.0, None) == (40.0, 50.0)
+    assert timeouts(24.0, None) == (24.0, 30.0) and timeouts(24.1, None)[1] == pytest.approx(30.125)
+    assert timeouts(7.0, 5.0) == (7.0, 5.0) and timeouts(0, None) == (0, 30.0) and timeouts(0, 2.0) == (0, 2.0)
+    for hang, group in ((None, None), (None, 0.1), (None, 0.25), (None, 5.0), (None, 600.0), (0.1, None),
+                        (40.0, None), (600.0, None)):
+        t, m = timeouts(hang, group)
+        heartbeat = Watchdog("/nonexistent", 0, 1, 60 * t).interval_s
+        assert 60 * t + heartbeat < 60 * m * 0.9, (hang, group, t, m)  # fired with a tenth of M to spare
+
+
+def test_a_collective_that_times_out_before_the_watchdog_is_reported_as_a_hang(tmp_path):
+    """The other order (M < T, given by hand): rank 1 of a real two-process gloo group SIGSTOPped; rank 0's
+    all-reduce times out after M = 2 s, long before the watchdog's T = 60 s, and ends as a hang does: the watchdog's
+    report naming rank 1 and the timeout, the marker, exit 75 (tests/workers/watchdog_rank.py; the trainer's loop
+    hands such an exception over the same way)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    worker = os.path.join(ROOT, "tests", "workers", "watchdog_rank.py")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, worker, str(run), str(r), "2", "60", "2", port], cwd=ROOT, env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        wait_for(lambda: all((run / ".watchdog" / f"rank_{r}.json").exists() for r in (0, 1)), procs[0],
+                 "both heartbeats")
+        time.sleep(3)  # a few heartbeats: rank 1's last one is then from before its stop
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        t_stop = time.time()
+        out, _ = procs[0].communicate(timeout=120)
+        took = time.time() - t_stop
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode == 75, out[-3000:]
+    assert "megatron-sat watchdog (rank 0): a collective timed out (--distributed-timeout-minutes 0.0333333" in out, \
+        out[-3000:]
+    assert "rank 1 stopped responding" in out and "NOT RESPONDING" in out and "last collectives: #" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]  # the report, not the exception's
+    assert json.loads((run / ".watchdog" / "hang.json").read_text())["stopped"] == [1]
+    assert took < 30, f"ended {took:.0f} s after the stop (M = 2 s, T = 60 s)"
+
+
 def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
     run = tmp_path / "run"
     flags = ["--save-interval", "5", "--hang-timeout-minutes", HANG_TIMEOUT_MIN, "--distributed-timeout-minutes", "5"]
@@ -428,6 +480,41 @@ def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
     repeated = [s for s in first if s > stop]
     assert repeated and all(again[s] == first[s] for s in repeated), [(s, first[s], again[s]) for s in repeated]
     assert not (run / ".watchdog").exists()
+
+
+def test_a_stopped_rank_whose_collective_times_out_first_ends_as_a_hang(tmp_path):
+    """The trainer's side of the other order: --distributed-timeout-minutes 0.4 below --hang-timeout-minutes 1, rank 1
+    of a DP2 job SIGSTOPped after step 3. Rank 0's gloo collective times out first (24 s); the loop hands it to the
+    watchdog: its report names the timeout and rank 1, the marker is written, megatron_sat.torchrun exits 75
+    (launch.sh requeues on both; the rerun resumes as in the test above: nothing is saved on either path)."""
+    run = tmp_path / "run"
+    flags = ["--save-interval", "100", "--hang-timeout-minutes", "1", "--distributed-timeout-minutes", "0.4"]
+    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags)
+    ranks = {}
+    try:
+        wait_for(lambda: _steps(run) >= 3, proc, "step 3")
+        ranks = _ranks(proc, 2)
+        everything = _descendants(proc.pid)
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        t_stop = time.time()
+        rc = proc.wait(timeout=300)
+        took = time.time() - t_stop
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in ranks.values():
+            if psutil.pid_exists(p.pid):
+                p.kill()
+    log = _log(tmp_path / "a.log")
+    assert rc == 75, log[-4000:]
+    assert "--hang-timeout-minutes 1 is above 0.8 x --distributed-timeout-minutes 0.4: a hung collective may time " \
+        "out first" in log, log[-4000:]
+    assert "megatron-sat watchdog (rank 0): a collective timed out (--distributed-timeout-minutes 0.4: " in log, \
+        log[-4000:]
+    assert "rank 1 stopped responding" in log and "NOT RESPONDING" in log, log[-4000:]
+    assert json.loads((run / ".watchdog" / "hang.json").read_text())["stopped"] == [1]
+    assert 24 <= took < 60, f"ended {took:.0f} s after the stop (M = 24 s, T = 60 s)"
+    assert not _alive(everything), "a process outlived the hung job"
 
 
 # ---------------------------------------------------------------------------------------------

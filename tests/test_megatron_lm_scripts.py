@@ -115,10 +115,40 @@ def _problems(err: str) -> list:
     ("--norm-epsilon", "0", "--norm-epsilon must be > 0 (got 0.0)"),
     ("--max-position-embeddings", "16", "--max-position-embeddings 16 is below --seq-length 32"),
     ("--vocab-file", "gpt2-vocab.json", "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here"),
+    ("--rotary-percent", "0.5", "--rotary-percent 0.5 conflicts with --arch transformer: RoPE rotates the whole head"),
+    ("--rotary-percent", "0.99", "--rotary-percent 0.99 conflicts with --arch transformer"),
+    ("--max-position-embeddings", "31", "--max-position-embeddings 31 is below --seq-length 32"),
 ])
 def test_a_conflicting_model_flag_exits_2_naming_it(tmp_path, capsys, flag, value, named):
     err = _refused([*llama(tmp_path), flag, value], capsys)
     assert len(_problems(err)) == 1 and named in _problems(err)[0]  # one line, naming the flag and the conflict
+
+
+def test_model_description_flags_at_their_edge_are_accepted(tmp_path):
+    """The other side of the refusals above: the values the archs are (RoPE on the whole head, a position table as
+    long as the sequence, one channel per head) parse."""
+    args = parse_args([*llama(tmp_path), "--rotary-percent", "1.0", "--max-position-embeddings", "32",
+                       "--kv-channels", "1"])
+    assert (args.rotary_percent, args.max_position_embeddings, args.kv_channels) == (1.0, 32, 1)
+
+
+def test_a_profiled_range_past_the_last_step_is_refused_before_training(tmp_path, capsys):
+    """docs/profiling.md: a range ending past the run's last step would write no trace (it is written after the
+    range's last step): exit 2, one line, before anything is built; a range ending on the last step is accepted.
+    The last step is the trainer's own count (the script's --train-samples 8: 2 steps)."""
+    base = ["--recipe", "debug_satformer", "--train-iters", "16", "--save", str(tmp_path / "r"), "--profile",
+            "--use-pytorch-profiler"]
+    for start, end in ((17, 17), (15, 17), (2, 17)):
+        err = _refused([*base, "--profile-step-start", str(start), "--profile-step-end", str(end)], capsys)
+        assert _problems(err) == [f"--profile-step-start {start} to --profile-step-end {end} ends past the run's last "
+                                  "step (--train-iters 16): the trace is written after step "
+                                  f"{end}, so nothing would be; give a range within 1..16"], err
+    assert parse_args([*base, "--profile-step-start", "16", "--profile-step-end", "16"]).profile_step_end == 16
+    assert parse_args([*base, "--profile-step-start", "17", "--profile-step-end", "17", "--train-iters", "17"])
+    err = _refused([*llama(tmp_path), "--profile-step-end", "3"], capsys)
+    assert len(_problems(err)) == 1 and "(--train-iters 2)" in _problems(err)[0], err
+    assert parse_args(llama(tmp_path)).profile_step_end == 2
+    assert not (tmp_path / "r").exists()
 
 
 def test_the_script_parses_with_matching_model_flags(tmp_path):
@@ -129,6 +159,14 @@ def test_the_script_parses_with_matching_model_flags(tmp_path):
                                                                                                           False)
     assert args.init_method_std == 0.0134 and args.untie_embeddings_and_output_weights
     assert args.kv_channels == 16 and args.qk_layernorm  # Megatron-LM's --kv-channels: a real flag; QK-norm stays on
+
+
+def test_a_sample_based_schedule_that_is_not_whole_batches_stays_fractional(tmp_path):
+    """docs/ecosystem.md: --lr-warmup-samples / --lr-decay-samples N are N / global batch steps, fractional (the
+    script's global batch is 4): 6 samples are 1.5 steps, 7 are 1.75 (not rounded either way); whole batches whole."""
+    for warmup, decay, want in ((6, 7, (1.5, 1.75)), (5, 9, (1.25, 2.25)), (4, 8, (1.0, 2.0))):
+        args = parse_args([*llama(tmp_path), "--lr-warmup-samples", str(warmup), "--lr-decay-samples", str(decay)])
+        assert (args.lr_warmup_iters, args.lr_decay_iters) == want, (warmup, decay)
 
 
 def test_published_shape_flags(tmp_path):
@@ -172,6 +210,28 @@ def test_rampup_and_sample_schedule_follow_megatron_lm(tmp_path, capsys):
     assert parse_args([*base, "--virtual-pipeline-model-parallel-size", "2"]).num_virtual_stages_per_pipeline_rank == 2
 
 
+def test_rampup_counts_and_bounds_at_their_edges(tmp_path, capsys):
+    """Megatron-LM's ramp-up count (ramp steps while consumed <= SAMPLES, then whole full batches) where an off-by-one
+    changes it (the script's global batch 4): 2 2 8 reaches 8 samples exactly; its step there is a ramp step, so 8
+    and 9 samples take 5 steps (Megatron-LM's count overshoots) and 21 take 7 (one ramp step fewer, or a count
+    from 1, changes one of these). The bounds of START, INCR and SAMPLES on both sides (SAMPLES 0: no ramp, which divided by zero
+    before; START = the global batch: no ramp; an INCR that does not divide the difference refused)."""
+    base = llama(tmp_path)
+    at = base.index("--train-samples")
+    base = [*base[:at], *base[at + 2:]]
+    for ramp, samples, steps in ((("2", "2", "8"), 9, 5), (("2", "2", "8"), 21, 7), (("2", "2", "8"), 8, 5),
+                                 (("1", "1", "6"), 7, 4), (("4", "1", "6"), 9, 2), (("1", "3", "0"), 9, 2)):
+        args = parse_args([*base, "--rampup-batch-size", *ramp, "--train-samples", str(samples)])
+        assert args.train_iters == steps, (ramp, samples, args.train_iters)
+    args = parse_args([*base, "--rampup-batch-size", "2", "2", "8", "--train-samples", "21"])
+    assert [megatron_lm_flags.global_batch_at(args, c) for c in (0, 7, 8, 9)] == [2, 2, 4, 4]  # INCR 2 steps by 2
+    args = parse_args([*base, "--rampup-batch-size", "1", "1", "1", "--train-samples", "9"])  # SAMPLES 1: one step
+    assert [megatron_lm_flags.global_batch_at(args, c) for c in (0, 1, 2)] == [1, 4, 4] and args.train_iters == 3
+    for ramp in (("2", "3", "8"), ("0", "1", "8"), ("1", "0", "8"), ("5", "1", "8"), ("1", "1", "-1")):
+        err = _refused([*base, "--rampup-batch-size", *ramp, "--train-samples", "20"], capsys)
+        assert f"--rampup-batch-size {' '.join(ramp)}: need 1 <= START" in err, ramp
+
+
 @pytest.mark.parametrize("device, tflops", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
                                             ("NVIDIA A10", 125.0), ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0),
                                             ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0), ("NVIDIA H20", 148.0),
@@ -179,6 +239,28 @@ def test_rampup_and_sample_schedule_follow_megatron_lm(tmp_path, capsys):
 def test_mfu_knows_the_datasheet_peaks(device, tflops):
     """MFU's table: the most specific name wins (A100 is not an A10); an unknown GPU has none (--peak-tflops)."""
     assert peak_tflops_of(device) == tflops
+
+
+@pytest.mark.parametrize("first, last", [(2, 4), (1, 2), (5, 5)])
+def test_a_profiled_range_of_several_steps_holds_exactly_those_steps(tmp_path, first, last):
+    """docs/profiling.md: the trace holds steps A..B, each a ProfilerStep#N, and no step on either side (the warm-up
+    step before A is not recorded). The trainer's calls around 6 steps of a small matrix product."""
+    args = argparse.Namespace(save=str(tmp_path), profile=True, profile_ranks=[0], use_pytorch_profiler=True,
+                              profile_step_start=first, profile_step_end=last, record_memory_history=False,
+                              memory_snapshot_path=None)
+    profiler = StepProfiler(args, rank=0, log=lambda line: None)
+    x = torch.ones(8, 8)
+    for step in range(1, 7):
+        profiler.before_step(step)
+        x = torch.mm(x, x) / 8
+        profiler.after_step(step)
+    profiler.close()
+    traces = glob.glob(str(tmp_path / "profile" / "*.pt.trace.json"))
+    assert len(traces) == 1, traces
+    with open(traces[0]) as f:
+        events = json.load(f)["traceEvents"]
+    profiled = {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert profiled == {f"ProfilerStep#{n}" for n in range(first, last + 1)}
 
 
 def test_memory_history_on_cpu_says_it_records_nothing(tmp_path):

@@ -181,6 +181,45 @@ def _config(arch, layout=None):
     return make_config(arch, **SHAPE, **(layout.config_fields(torch.float32) if layout else {}))
 
 
+# the published shapes' head dim is not hidden / heads (Qwen3-0.6B: 1024 hidden, 16 heads of 128, 8 KV groups):
+# half of it here, with grouped KV, so that a count that takes hidden / heads (or heads for groups) is off
+HEAD_SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=32,
+                  ffn_hidden_size=96)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_parameter_counts_hold_when_the_head_dim_is_not_hidden_over_heads(arch):
+    """sizes.count_parameters and the planner's stage at TP1 and TP2 equal the built model's parameters for a
+    head dim of 32 != 64 / 4 with 2 KV groups."""
+    compat.ensure_cpu_compat()
+    try:
+        for tp in (1, 2):
+            layout = Layout(tp=tp)
+            cfg = make_config(arch, **HEAD_SHAPE, **layout.config_fields(torch.float32))
+            stages = planner.stage_estimates(cfg, layout, dp=1, micro_batch_size=1, num_microbatches=1, seq_length=8,
+                                             vocab_size=VOCAB, bf16=False, distributed_optimizer=False,
+                                             recompute=None, backend="local")
+            sizes = count_parameters(make_config(arch, **HEAD_SHAPE), VOCAB, tp=tp)["total"]
+            unique = 0.0
+            for rank in range(tp):
+                destroy()
+                if torch.distributed.is_initialized():
+                    torch.distributed.destroy_process_group()
+                torch.distributed.init_process_group(FAKE_BACKEND, store=FakeStore(), rank=rank, world_size=tp)
+                initialize(layout, seed=1)
+                with compat.meta_device():
+                    chunks = build_model(cfg, vocab_size=VOCAB, max_sequence_length=8, backend="local")
+                built = sum(p.numel() for c in chunks for p in c.parameters())
+                assert built == stages[0]["params"], f"{arch} TP{tp} rank {rank}: built {built}, planner {stages[0]}"
+                unique += sum(p.numel() if getattr(p, "tensor_model_parallel", False) else p.numel() / tp
+                              for c in chunks for p in c.parameters())
+            assert unique == sizes, f"{arch} TP{tp}: built {unique}, sizes {sizes}"
+    finally:
+        destroy()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_planner_parameters_are_sizes_parameters_and_the_built_models(arch):
     """At every layout: each rank built (fake process group, meta device) holds the planner's parameters for its

@@ -6,6 +6,7 @@
     python tools/submit_grid.py --scales 1.3B --segments 3 --time 08:00:00 --submit   # 3 chained jobs per array
     python tools/submit_grid.py --archs transformer,satformer --scales debug --submit -- --train-iters 10
     python tools/submit_grid.py --resolve satformer_760M -- --seed 2   # run name + steps (used by slurm/launch.sh)
+    python tools/submit_grid.py --resolve satformer_760M --pin P.json -- --seed 2   # the name pinned at a job's start
     python tools/submit_grid.py --archs transformer,satformer --scales ladder1,ladder2,ladder3 --sweep ladder --submit
 
 --sweep NAME names the sweep (default grid-<date>-<time>): its runs form one wandb group (MSAT_SWEEP in the
@@ -41,9 +42,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from megatron_sat.sweep.pins import check_pin, named_values
 from megatron_sat.sweep.plan import build, needs_data, resolve, site_settings, table
 from megatron_sat.sweep.records import check_sweep_name
 from megatron_sat.sweep.submit import check_layouts, submit
+from megatron_sat.training.arguments import unnamed_dests
 from recipes.paper import ARCHS, SCALES
 
 # the sbatch scripts: inside the installed package (megatron_sat_tools/slurm), or the checkout's slurm/ folder
@@ -90,6 +93,9 @@ def main(argv=None) -> int:
     mode.add_argument("--dry-run", action="store_true", help="print the table and sbatch lines (default)")
     mode.add_argument("--submit", action="store_true", help="write the manifests and submit")
     mode.add_argument("--resolve", metavar="RECIPE", help="print RUN_NAME, TRAIN_ITERS, NEEDS_DATA for the shell")
+    p.add_argument("--pin", metavar="FILE", help="with --resolve: the job's run pin (megatron_sat/sweep/pins.py; "
+                                                 "slurm/launch.sh): written at its first start; later, a "
+                                                 "configuration that names another run is refused, exit 2")
     mode.add_argument("--slurm-dir", action="store_true", help="print the folder of the sbatch scripts and site.sh")
     opts = p.parse_args(argv)
 
@@ -97,9 +103,14 @@ def main(argv=None) -> int:
         print(SLURM_DIR)
         return 0
 
+    if opts.pin and not opts.resolve:
+        print("error: --pin goes with --resolve (slurm/launch.sh's call)", file=sys.stderr)
+        return 2
     if opts.resolve:
         try:
             args, name = resolve(opts.resolve, trainer_flags)
+            if opts.pin:
+                name = check_pin(opts.pin, name, named_values(args, unnamed_dests()), job=os.environ.get("MSAT_JOB"))
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -29,6 +29,7 @@ over the tensor-parallel group; sequence-parallel inputs padded to a multiple of
 every data-parallel replica scores every request (the trainer refuses PP > 1 and CP > 1 for --eval-tasks).
 """
 
+import sys
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -130,8 +131,14 @@ class MegatronLM(TemplateLM):
         if model is None:
             if not checkpoint:
                 raise ValueError("megatron_sat needs checkpoint=RUN_DIR (or a model and a tokenizer)")
-            model, tokenizer, seq_length = load_checkpoint_model(checkpoint, dtype, int(tensor_parallel),
-                                                                 verify=verify_checkpoint)
+            try:
+                model, tokenizer, seq_length = load_checkpoint_model(checkpoint, dtype, int(tensor_parallel),
+                                                                     verify=verify_checkpoint)
+            except ConversionError as e:
+                if "lm_eval._cli" in sys.modules:  # lm-eval's command line (lm_eval, megatron-sat-evaluate run):
+                    print(f"error: --model_args checkpoint={checkpoint}: {e}", file=sys.stderr)  # one line, not
+                    raise SystemExit(2) from None  # lm-eval's traceback around it; from Python: the exception
+                raise
             max_length = max_length or seq_length
         if tokenizer is None or not max_length:
             raise ValueError("megatron_sat: a model needs its tokenizer and max_length")

@@ -13,6 +13,9 @@ imported. So:
               (setup.py): register() runs right after anything imports lm_eval.api.registry, and nothing else
               happens (no lm-eval import at start-up). Hand-written (a meta-path finder) because lm-eval offers no
               hook of its own.
+This file imports nothing of megatron_sat (only importlib and sys): setup.py installs a copy of it as the top-level
+module megatron_sat_lm_eval_registration, which the .pth imports, so that no interpreter start imports the
+megatron_sat package (which would shadow the checkout a command runs in; tests/test_evaluate.py checks both).
 megatron-sat-evaluate (tools/evaluate.py) calls register() itself before handing its command line to lm-eval.
 """
 

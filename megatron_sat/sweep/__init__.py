@@ -6,6 +6,8 @@ slurm/launch.sh resolves a run's name through it at every job start).
     submit.py    what tools/submit_grid.py does with a plan: layout dry runs, manifests, sbatch calls, the record
     records.py   <runs>/_grid/<sweep>.json: the job arrays a sweep submitted, its entries without a run folder yet,
                  waiting for its jobs
+    pins.py      a job's run name fixed at its first start, so that a config or recipe edited before a requeue is
+                 refused in one line instead of starting a new run at step 0
     slurm.py     Slurm's view: squeue's live states, sacct's final states (TIMEOUT, NODE_FAIL, ...) into the rows
 
 The rows of the runs themselves (one per run folder) are megatron_sat/analysis/grid.py's.

@@ -262,6 +262,10 @@ def megatron_lm_flag_errors(args: argparse.Namespace) -> List[str]:
     if args.profile and not 1 <= args.profile_step_start <= args.profile_step_end:
         out.append(f"--profile-step-start {args.profile_step_start} and --profile-step-end {args.profile_step_end}: "
                    "need 1 <= start <= end")
+    elif args.profile and args.train_iters is not None and args.profile_step_end > args.train_iters:
+        out.append(f"--profile-step-start {args.profile_step_start} to --profile-step-end {args.profile_step_end} "
+                   f"ends past the run's last step (--train-iters {args.train_iters}): the trace is written after step "
+                   f"{args.profile_step_end}, so nothing would be; give a range within 1..{args.train_iters}")
     for flag in ("lr_warmup_samples", "lr_decay_samples"):
         if getattr(args, flag) is not None and getattr(args, flag) < 0:
             out.append(f"--{flag.replace('_', '-')} must be >= 0")

@@ -262,11 +262,12 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     g("--no-save-final", dest="save_final", action="store_false", help="skip the final checkpoint")
     g("--distributed-timeout-minutes", type=float, default=None,
       help="how long a collective of the process groups may wait before it fails (Megatron-LM's flag; default: "
-           "torch's, 30 min under gloo, 10 under NCCL; it also bounds rank 0's data checks while the others wait)")
+           "30, or --hang-timeout-minutes / 0.8 if larger, so that the hang watchdog fires first; it also bounds "
+           "rank 0's data checks while the others wait)")
     g("--hang-timeout-minutes", type=float, default=None,
       help="hang watchdog: a rank that makes no progress (a step, an evaluation pass, a save) for this long names "
            "the ranks that stopped and where, prints its Python stacks and exits 75, which slurm/launch.sh "
-           "requeues (default: --distributed-timeout-minutes, else 10; 0: off). Must exceed the longest step, "
+           "requeues (default: 0.8 x --distributed-timeout-minutes, else 10; 0: off). Must exceed the longest step, "
            "evaluation pass and save")
     g("--finetune", action="store_true", names_run=True,
       help="(Megatron-LM) load only the model weights of --load's checkpoint and start at iteration 0 with a new "

@@ -168,7 +168,7 @@ def global_batch_at(args: argparse.Namespace, consumed: int) -> int:
         return args.global_batch_size
     start, incr, samples = args.rampup_batch_size
     increments = (args.global_batch_size - start) // incr
-    if increments == 0 or consumed > samples:
+    if increments == 0 or samples <= 0 or consumed > samples:  # SAMPLES 0: no ramp (Megatron-Core divides by 0)
         return args.global_batch_size
     return min(args.global_batch_size, start + int(consumed / (samples / increments)) * incr)
 

@@ -48,7 +48,7 @@ from megatron_sat.training.run_paths import record_paths
 from megatron_sat.training.setup import model_config, precision_and_layout, scheduler
 from megatron_sat.training.signals import StopSignal, bind_to_launcher
 from megatron_sat.training.step import NonFiniteLoss, evaluate, gpt_forward_step, setup_model_and_optimizer, train_step
-from megatron_sat.training.watchdog import Watchdog, enable_flight_recorder
+from megatron_sat.training.watchdog import HEADROOM, Watchdog, enable_flight_recorder, is_collective_timeout, timeouts
 
 
 class UsageError(ValueError):
@@ -112,7 +112,7 @@ def train(args, stop: Optional[StopSignal] = None, task_runner=None) -> int:
     bind_to_launcher()
     t_start = time.time()
     enable_flight_recorder()  # the hang watchdog names the last collectives
-    init_from_env(timeout_minutes=args.distributed_timeout_minutes)
+    init_from_env(timeout_minutes=timeouts(args.hang_timeout_minutes, args.distributed_timeout_minutes)[1])
     rank = torch.distributed.get_rank()
     stop.is_logger = rank == 0
     log = (lambda text: print(text, flush=True)) if rank == 0 else (lambda text: None)
@@ -275,7 +275,8 @@ class Loop:
         layout, config = setup.layout, setup.config
         multiple = args.make_vocab_size_divisible_by * layout.tp  # as Megatron-LM: embedding rows split over TP
         vocab_size = -(-tokenizer.vocab_size // multiple) * multiple
-        initialize(layout, seed=args.seed, timeout_minutes=args.distributed_timeout_minutes)
+        self.hang_minutes, self.group_minutes = timeouts(args.hang_timeout_minutes, args.distributed_timeout_minutes)
+        initialize(layout, seed=args.seed, timeout_minutes=self.group_minutes)
         self.chunks, num_params, self.optimizer = setup_model_and_optimizer(
             config, vocab_size=vocab_size, max_sequence_length=args.seq_length, rotary_base=args.rotary_base,
             backend=setup.backend, use_distributed_optimizer=setup.dist_opt,
@@ -344,14 +345,20 @@ class Loop:
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
         args = self.args
-        hang = args.hang_timeout_minutes
-        if hang is None:
-            hang = args.distributed_timeout_minutes or 10.0
-        self.watchdog = Watchdog(args.save, torch.distributed.get_rank(), self.setup.world, 60 * hang,
+        self.watchdog = Watchdog(args.save, torch.distributed.get_rank(), self.setup.world, 60 * self.hang_minutes,
                                  log=self.log).start()
+        if self.watchdog.enabled and self.hang_minutes > HEADROOM * self.group_minutes * (1 + 1e-9):
+            self.log(f"warning: --hang-timeout-minutes {self.hang_minutes:g} is above {HEADROOM:g} x "
+                     f"--distributed-timeout-minutes {self.group_minutes:g}: a hung collective may time out first; "
+                     f"under gloo the watchdog still reports it (exit 75), under NCCL the process is aborted without "
+                     f"the report. Give at most {HEADROOM * self.group_minutes:g} (docs/reliability_signals.md)")
         try:
             with self.profiler.oom_snapshot():
                 return self._run()
+        except RuntimeError as e:  # a collective that timed out before the watchdog fired: reported as a hang
+            if self.watchdog.enabled and is_collective_timeout(e):
+                self.watchdog.collective_failed(e, self.group_minutes)
+            raise
         finally:
             self.profiler.close()
             self.watchdog.close()

@@ -24,8 +24,15 @@ whose threads kept running: within the timeout plus one heartbeat of the others'
 Why written here: nvidia-resiliency-ext's fault tolerance (heartbeats with a rank monitor) needs its own launcher
 (ft_launcher) in place of torchrun and of the one-task-per-GPU srun launch (slurm/launch.sh), and its releases for
 Python 3.11 stop at 0.4.1; torch's flight recorder records collectives (used above) but detects hangs only in
-NCCL's watchdog, not under gloo. The process groups' own timeout (--distributed-timeout-minutes) ends a
-collective that waits too long with an exception, but says nothing about the other ranks.
+NCCL's watchdog, not under gloo.
+
+Two timeouts, one outcome. The process groups' own timeout (--distributed-timeout-minutes, M) ends a collective
+that waits too long: under gloo with an exception in the waiting rank, under NCCL (TORCH_NCCL_ASYNC_ERROR_HANDLING's
+default) by NCCL's own watchdog aborting the process. Neither names the ranks nor exits 75. So timeouts() chooses
+the watchdog's timeout T below M (T <= HEADROOM x M, which leaves more than one heartbeat of margin): the watchdog
+fires first, as the stuck collective began after the rank's last progress. Should a collective still time out first
+(T >= M given by hand, or a collective slower than its beat), the loop hands its exception to collective_failed(),
+which makes the same report, marker and exit 75 (under gloo; under NCCL the abort comes first, hence the defaults).
 """
 
 import faulthandler
@@ -37,11 +44,36 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may be retried (slurm/launch.sh requeues it)
 FOLDER = ".watchdog"
 MARKER = "hang.json"
+DEFAULT_HANG_MINUTES = 10.0  # the watchdog's timeout when neither timeout is given
+DEFAULT_GROUP_MINUTES = 30.0  # the process groups' when not given: torch's gloo default, Megatron-Core's groups'
+HEADROOM = 0.8  # the watchdog's default timeout is this share of the process groups' (and theirs T / HEADROOM)
+
+
+def timeouts(hang_minutes: Optional[float], group_minutes: Optional[float]) -> Tuple[float, float]:
+    """(T, M) in minutes: the watchdog's timeout and the process groups', from --hang-timeout-minutes and
+    --distributed-timeout-minutes (None: not given), such that the watchdog fires before a collective times out.
+
+    Neither given: T = 10, M = 30. M given: T = 0.8 M. T given: M = max(30, T / 0.8). A stuck collective began after
+    its rank's last progress, so it times out no sooner than M after it; the watchdog fires by T plus one heartbeat
+    (T / 10, at most 5 s) after it: 0.88 M at most. Both given: as given (T 0 turns the watchdog off)."""
+    hang = hang_minutes
+    if hang is None:
+        hang = DEFAULT_HANG_MINUTES if group_minutes is None else HEADROOM * group_minutes
+    group = group_minutes if group_minutes is not None else max(DEFAULT_GROUP_MINUTES, hang / HEADROOM)
+    return hang, group
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    """A collective that waited past the process groups' timeout (gloo: "Timed out waiting 15000ms for recv
+    operation"; NCCL, under TORCH_NCCL_ASYNC_ERROR_HANDLING=2: "Watchdog caught collective operation timeout"),
+    not a peer that died (gloo: "Connection closed by peer", which stays an error: srun ends the job)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("Timed out" in text or "timed out" in text or "timeout" in text)
 
 
 def enable_flight_recorder(entries: int = 64) -> None:
@@ -74,6 +106,7 @@ class Watchdog:
         self.suspended_s = 0.0  # the time this process was seen not running (a suspension), in total
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._firing = threading.Lock()  # one report: the thread's or collective_failed()'s
 
     @property
     def enabled(self) -> bool:
@@ -126,6 +159,24 @@ class Watchdog:
         except OSError:
             pass
 
+    def collective_failed(self, error: BaseException, group_minutes: float) -> None:
+        """A collective timed out before the watchdog fired: the watchdog's report, marker and exit 75 all the same
+        (does not return). Called by the loop with the exception (is_collective_timeout) while the watchdog runs."""
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        # a peer's heartbeat may still look fresh (a timeout shorter than the staleness window): wait until each
+        # other rank either wrote a heartbeat since the failure (alive) or went stale (stopped), so that the report
+        # names the stopped one; at most the staleness window
+        failed_at = time.time()
+        deadline = failed_at + self._stale_after()
+        while time.time() < deadline:
+            beats = [self._read(r) for r in range(self.world) if r != self.rank]
+            if all(hb is None or hb["written_at"] > failed_at or time.time() - hb["written_at"] > self._stale_after()
+                   for hb in beats):
+                break
+            time.sleep(0.1)
+        self._fire(time.time(), cause=f"a collective timed out (--distributed-timeout-minutes {group_minutes:g}: "
+                                      f"{first})")
+
     # --- the thread --------------------------------------------------------------------------
     def _path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank_{rank}.json")
@@ -177,8 +228,14 @@ class Watchdog:
         except (OSError, ValueError):
             return None
 
-    def _fire(self, now: float) -> None:
-        stale_after = 2 * self.interval_s + 2.0
+    def _stale_after(self) -> float:
+        """A heartbeat older than this: its rank stopped (two missed heartbeats and 2 s of scheduling slack)."""
+        return 2 * self.interval_s + 2.0
+
+    def _fire(self, now: float, cause: Optional[str] = None) -> None:
+        if not self._firing.acquire(blocking=False):
+            time.sleep(3600)  # the other path reports and ends the process
+        stale_after = self._stale_after()
         lines, stopped = [], []
         for r in range(self.world):
             hb = self._read(r)
@@ -196,8 +253,8 @@ class Watchdog:
         culprit = (f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped responding"
                    if stopped else "no rank stopped responding: every rank waits (a deadlock, or a slow step, "
                    "evaluation or save: raise --hang-timeout-minutes if so)")
-        report = (f"megatron-sat watchdog (rank {self.rank}): no progress for {now - self.last:.0f} s "
-                  f"(--hang-timeout-minutes {self.timeout_s / 60:g}) at: {self.where}; {culprit}.\n"
+        why = cause or f"no progress for {now - self.last:.0f} s (--hang-timeout-minutes {self.timeout_s / 60:g})"
+        report = (f"megatron-sat watchdog (rank {self.rank}): {why} at: {self.where}; {culprit}.\n"
                   + "\n".join(lines)
                   + f"\n  rank {self.rank}'s last collectives: {_last_collectives()}"
                   + f"\n  rank {self.rank}'s Python stacks follow; exiting with code {HANG_EXIT} (nothing saved; "

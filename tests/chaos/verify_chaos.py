@@ -19,8 +19,23 @@ def _tensors(iter_dir: str) -> dict:
         return {k: v for k, v in torch.load(path, weights_only=False).items() if torch.is_tensor(v)}
 
 
-def verify(sweep) -> dict:
+def differing(a: dict, b: dict) -> list:
+    """The tensors of checkpoint `b` that `a` lacks or holds with another dtype, shape or any other bit (NaNs equal
+    where both hold one at the same place: torch.equal would call a NaN unequal to itself)."""
     import torch
+
+    def same(x, y) -> bool:
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        if x.is_floating_point():  # bit patterns: one ulp apart differs, -0.0 differs from 0.0, NaN equals NaN
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+            return torch.equal(x.contiguous().view(bits), y.contiguous().view(bits))
+        return torch.equal(x, y)
+
+    return sorted(k for k in b if k not in a or not same(a[k], b[k]))
+
+
+def verify(sweep) -> dict:
 
     from megatron_sat.analysis import grid
 
@@ -42,7 +57,7 @@ def verify(sweep) -> dict:
         got = os.path.join(run.folder, f"iter_{sweep.iters:07d}")
         if os.path.isdir(ref) and os.path.isdir(got):
             a, b = _tensors(got), _tensors(ref)
-            differ = sorted(k for k in b if k not in a or a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k]))
+            differ = differing(a, b)
             info.update(tensors=len(b), differ=len(differ),
                         optimizer_tensors=sum(k.startswith("optimizer.") for k in b))
             if differ or sorted(a) != sorted(b) or not info["optimizer_tensors"]:
