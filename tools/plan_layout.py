@@ -28,19 +28,13 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_sat import archs
 from megatron_sat.training.argument_checks import arch_flag_errors
 from megatron_sat.training.planner import DEFAULT_MFU, GPU_MEMORY_GIB, plan_recipe, resolve_args
 from recipes.paper import GRID  # importing the recipes package registers every recipe
 
 # what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
-BASELINE_MEMORY_NOTES = {
-    "denseformer": "each layer's output X_i, kept for the depth-weighted averages, the history on the pipeline "
-                   "message and its gradients in backward",
-    "muddformer": "the 4 streams and their weighted sums, the dynamic-weight MLP, the per-call Q/K/V weight "
-                  "slices, param_realloc FFN widths, the history on the pipeline message and its gradients",
-    "hyperconnections": "the n residual streams ([s, b, n x h] and the [s, b, (n+1) x h] mix per sublayer), the "
-                        "dynamic weights and the n x h-wide pipeline message",
-}
+BASELINE_MEMORY_NOTES = {a: archs.get(a).memory_note for a in archs.ARCHS if archs.get(a).memory_note}
 
 
 def memory_note(arch: str):
