@@ -63,3 +63,46 @@ def test_no_library_file_branches_on_an_arch_name():
            for line, what in arch_branches(open(os.path.join(ROOT, path)).read())]
     assert not bad, ("per-arch knowledge outside megatron_sat/archs/ (move it into the arch's module):\n"
                      + "\n".join(bad))
+
+
+def test_registry_names_each_arch_once_with_its_words():
+    """The six archs in the paper's order, each with its own title and figure colour, and an HF format."""
+    from megatron_sat import archs
+
+    assert archs.ARCHS[:6] == ARCH_NAMES
+    got = [archs.get(a) for a in ARCH_NAMES]
+    assert [a.name for a in got] == list(ARCH_NAMES)
+    assert len({a.title for a in got}) == len({a.colour for a in got}) == len({a.hf_model_type for a in got}) == 6
+    assert archs.VALUE_RESIDUAL == ("resformer", "satformer") and archs.DENSE == ("denseformer", "muddformer")
+    assert archs.BASELINES == ("denseformer", "muddformer", "hyperconnections")
+
+
+USER_ARCH = '''
+from megatron_sat.archs.registry import register
+from megatron_sat.archs.resformer import ResFormer
+
+
+class Mine(ResFormer):
+    name = "mine"
+
+
+register(Mine())
+'''
+
+
+def test_a_users_arch_module_from_the_environment(tmp_path):
+    """MSAT_ARCH_MODULES names a user's file: the registry imports it on the first look-up of its name (and not
+    into ARCHS, the package's); a file that does not exist is one line naming the variable."""
+    import subprocess
+    import sys
+
+    (tmp_path / "mine.py").write_text(USER_ARCH)
+    probe = ("from megatron_sat import archs; print(archs.get('mine').learned_lambdas(type('M', (), "
+             "{'resformer_lambdas': 'learned'})()), 'mine' in archs.ARCHS, archs.arch_errors('mine'))")
+    env = dict(os.environ, MSAT_ARCH_MODULES=str(tmp_path / "mine.py"))
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False", "[]"], out.stdout + out.stderr
+    env["MSAT_ARCH_MODULES"] = str(tmp_path / "absent.py")
+    out = subprocess.run([sys.executable, "-c", "from megatron_sat import archs; archs.get('mine')"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and f"MSAT_ARCH_MODULES: arch file {tmp_path / 'absent.py'} does not exist" in out.stderr

@@ -20,6 +20,9 @@ ModelSpec. The hooks, by reader:
                 layer_extras(spec) (conversion/mapping.py); hf_code (conversion/hf_io.py)
     words       title (model card, figure legends), tags (model card), colour (sweep figures)
 
+A new reader of per-arch knowledge adds its hook here, with the Transformer's answer as the default, and overrides
+it in the arch modules that differ (as flops and connection_bytes are).
+
 A new arch is a module in this package (found by its file: registry.py imports every module here) or a user's
 module named in MSAT_ARCH_MODULES, that calls `register(MyArch())` (docs/architectures.md).
 """
