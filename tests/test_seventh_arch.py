@@ -64,11 +64,11 @@ LOAD_IN_TRANSFORMERS = textwrap.dedent('''
 ''')
 
 
-def run(copy, *argv, timeout=300):
+def run(copy, *argv, timeout=300, expect=0):
     proc = subprocess.run([sys.executable, *map(str, argv)], cwd=copy, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=str(copy)))
-    assert proc.returncode == 0, " ".join(map(str, argv)) + "\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    assert proc.returncode == expect, " ".join(map(str, argv)) + "\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
 def test_seventh_arch_end_to_end(tmp_path):
@@ -107,9 +107,17 @@ def test_seventh_arch_end_to_end(tmp_path):
     plan = run(copy, "tools/plan_layout.py", *FLAGS[:2], "--nodes", "1", "--gpus-per-node", "4",
                "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")
     assert "satformer3" in plan
+    # The dry run builds the arch on every rank and checks the plan. Known planner error, also on main without this
+    # arch: a value-residual layer that neither makes nor mixes V1 (layer 2 here; `--recipe debug_satformer
+    # --value-residual-last-k 2` at TP2 x PP2 shows the same -4.87%) keeps the q/k rotary output's bytes less than
+    # the planner counts; stage 1 (layers 3-4, the gated ones) is exact. When the planner is fixed this fails:
+    # then expect 0 here.
     dry = run(copy, "tools/dry_run.py", *FLAGS[:2], "--nodes", "1", "--gpus-per-node", "4",
-              "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")
-    assert "satformer3" in dry
+              "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", expect=1)
+    assert "dry run debug_satformer3: TP2xPP2xDP1 = 4 ranks" in dry and "layers 3-4" in dry, dry
+    failures = {line.strip() for line in dry.splitlines() if "FAILED" in line}
+    assert failures and all("rank 0 (PP 0, TP 0): saved activations per micro-batch" in f and "(-4.87%" in f
+                            for f in failures), dry
 
     # export, load in transformers, import back
     hf = tmp_path / "hf"
