@@ -1,8 +1,9 @@
 """Each arch's knowledge lives in its module (megatron_sat/archs/<arch>.py): no library file outside the arch
 modules and the registry branches on an arch's name (a static read of every module; nothing is imported).
 
-A branch is a comparison (==, !=, in, not in) with an arch's name as a string literal, or a dict literal keyed by
-arch names (a per-arch table). What the arch modules hold instead: docs/architectures.md ("Bring your own arch").
+A branch is a comparison (==, !=, in, not in) with an arch's name as a string literal, a dict literal keyed by
+arch names (a per-arch table), or a look-up by one (table["muddformer"], table.get("satformer")). What the arch
+modules hold instead: docs/architectures.md ("Bring your own arch").
 """
 
 import ast
@@ -43,6 +44,11 @@ def arch_branches(source: str):
                     names = _names(right) + _names(node.left)
                     if names:
                         found.append((node.lineno, f"compares with {', '.join(names)}"))
+        elif isinstance(node, ast.Subscript) and _names(node.slice):
+            found.append((node.lineno, f"looks up {', '.join(_names(node.slice))}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and _names(node.args[0])):
+            found.append((node.lineno, f"looks up {', '.join(_names(node.args[0]))}"))
         elif isinstance(node, ast.Dict):
             names = [n for k in node.keys if k is not None for n in _names(k)]
             if names:
@@ -55,6 +61,8 @@ def test_the_check_finds_a_branch():
     assert arch_branches('if cfg.arch == "muddformer":\n    pass\n') == [(1, "compares with muddformer")]
     assert arch_branches('x = a in ("resformer", "satformer")\n')[0][1] == "compares with resformer, satformer"
     assert arch_branches('C = {"denseformer": 1}\n') == [(1, "a table keyed by denseformer")]
+    assert arch_branches('x = rows.get("satformer")\ny = t["hyperconnections"]\n') == [
+        (1, "looks up satformer"), (2, "looks up hyperconnections")]
     assert arch_branches('x = archs.get(cfg.arch).dense\n') == []
 
 
