@@ -64,11 +64,11 @@ LOAD_IN_TRANSFORMERS = textwrap.dedent('''
 ''')
 
 
-def run(copy, *argv, timeout=300, expect=0):
+def run(copy, *argv, timeout=300, expect=0, stderr=False):
     proc = subprocess.run([sys.executable, *map(str, argv)], cwd=copy, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=str(copy)))
     assert proc.returncode == expect, " ".join(map(str, argv)) + "\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
+    return proc.stdout + (proc.stderr if stderr else "")
 
 
 def test_seventh_arch_end_to_end(tmp_path):
@@ -107,14 +107,13 @@ def test_seventh_arch_end_to_end(tmp_path):
     plan = run(copy, "tools/plan_layout.py", *FLAGS[:2], "--nodes", "1", "--gpus-per-node", "4",
                "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")
     assert "satformer3" in plan
-    # The dry run builds the arch on every rank and checks the plan. Known planner error, also on main without this
-    # arch: a value-residual layer that neither makes nor mixes V1 (layer 2 here; `--recipe debug_satformer
-    # --value-residual-last-k 2` at TP2 x PP2 shows the same -4.87%) keeps the q/k rotary output's bytes less than
-    # the planner counts; stage 1 (layers 3-4, the gated ones) is exact. When the planner is fixed this fails:
-    # then expect 0 here.
+    # The dry run builds the arch and checks the plan. Known planner gap at this size without this arch too
+    # (docs/status.md): at TP2 x PP2 the debug recipes' first stage keeps 3-5% less than planned (transformer -4.77%,
+    # resformer -4.73%, denseformer -4.48%, muddformer -3.38%, SATFormer with --value-residual-last-k 2 -4.87%), and
+    # the dry run stops at that first rank. When the planner is fixed this fails: then expect 0 here.
     dry = run(copy, "tools/dry_run.py", *FLAGS[:2], "--nodes", "1", "--gpus-per-node", "4",
-              "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", expect=1)
-    assert "dry run debug_satformer3: TP2xPP2xDP1 = 4 ranks" in dry and "layers 3-4" in dry, dry
+              "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", expect=1, stderr=True)
+    assert "dry run debug_satformer3: TP2xPP2xDP1 = 4 ranks" in dry and "layers 1-2" in dry, dry
     failures = {line.strip() for line in dry.splitlines() if "FAILED" in line}
     assert failures and all("rank 0 (PP 0, TP 0): saved activations per micro-batch" in f and "(-4.87%" in f
                             for f in failures), dry
