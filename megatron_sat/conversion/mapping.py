@@ -26,24 +26,26 @@ from megatron_sat import archs
 from megatron_sat.model.args import ModelArgs
 
 
-def convertible() -> tuple:
-    """Every arch with an HF format (each arch's module says its model_type, config keys and weight names)."""
-    return tuple(a for a in archs.names() if archs.get(a).hf_model_type)
+def convertible(names=None) -> tuple:
+    """Every arch with an HF format (each arch's module says its model_type, config keys and weight names); names:
+    the archs to look at (default: every registered one, a user's module of MSAT_ARCH_MODULES included)."""
+    return tuple(a for a in (archs.names() if names is None else names) if archs.get(a).hf_model_type)
 
 
-def hf_model_types() -> dict:
+def hf_model_types(names=None) -> dict:
     """arch -> the exported config.json's model_type (the SATFormer authors' for the archs with remote code)."""
-    return {a: archs.get(a).hf_model_type for a in convertible()}
+    return {a: archs.get(a).hf_model_type for a in convertible(names)}
 
 
-def hf_classes() -> dict:
+def hf_classes(names=None) -> dict:
     """arch -> the class-name prefix of its exported remote code."""
-    return {a: archs.get(a).hf_class for a in convertible() if archs.get(a).hf_class}
+    return {a: archs.get(a).hf_class for a in convertible(names) if archs.get(a).hf_class}
 
 
-CONVERTIBLE = convertible()  # the package's archs; a user's arch: convertible()
-HF_MODEL_TYPES = hf_model_types()
-HF_CLASSES = hf_classes()
+# the package's archs (importing this module imports no user module; the functions above include them)
+CONVERTIBLE = convertible(archs.ARCHS)
+HF_MODEL_TYPES = hf_model_types(archs.ARCHS)
+HF_CLASSES = hf_classes(archs.ARCHS)
 
 
 class ConversionError(ValueError):
