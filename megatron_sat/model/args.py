@@ -26,8 +26,9 @@ way). LEGACY_DEFAULTS is the one place that says what runs written before a fiel
 Adding a switch is one field here and its use in the model: it becomes a flag, a config field, a recorded
 value and (resume=True) a resume check, and the conversion carries it.
 
-Per-arch parameter facts sit beside it: `layer_parameters` (one layer's parameters by part, as built) and
-`model_parameters` (the whole model's), which model/sizes.py, the planner and the dry run read.
+Parameter counts sit beside it: `layer_parameters` (one layer's parameters by part, as built: the block's here, the
+arch's own parts from its module, megatron_sat/archs/) and `model_parameters` (the whole model's), which
+model/sizes.py, the planner and the dry run read.
 """
 
 import typing
@@ -242,8 +243,8 @@ def layer_parameters(model, layer: int, tp: int = 1) -> Dict[str, int]:
 
 
 def chunk_parameters(model) -> int:
-    """Parameters every model chunk (pipeline stage part) holds once: ResFormer's learned lambda1 (L - 1 logits and
-    a scale), replicated."""
+    """Parameters every model chunk (pipeline stage part) holds once, replicated (the arch's module says: ResFormer's
+    learned lambda1, L - 1 logits and a scale)."""
     return archs.get(model.arch).chunk_parameters(model)
 
 
