@@ -9,7 +9,7 @@ and layout.
 Forward+backward of one micro-batch per arch, the archs interleaved round by round in one process
 (megatron_sat/profiling/step_benchmark.py); prints each arch's median step time, saved-activation
 memory (and peak GPU memory on a GPU) with ratios to the Transformer, tokens/s and (on a GPU) MFU from
-the analytic FLOPs. An arch label 'arch:variant' runs a variant of the arch beside it (megatron_sat/archs.py).
+the analytic FLOPs. An arch label 'arch:variant' runs a variant of the arch beside it (megatron_sat.archs.ARCH_VARIANTS).
 Goal on a GPU for SATFormer: <= 1.02.
 With satformer among --archs also SATFormer's speed-up and memory saving against each arch (the paper, 760M:
 1.75x / 1.82x faster than Hyper-Connections / MUDDFormer, 31% / 5% less memory).

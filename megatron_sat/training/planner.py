@@ -356,7 +356,7 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
     sp_div = t if layout.sp else 1
     if cfg.is_dense and recompute == "full":
-        recompute = "selective"  # these archs refuse full recompute (megatron_sat/archs.py)
+        recompute = "selective"  # these archs refuse full recompute (their modules, megatron_sat/archs/: Arch.errors)
     emb = vocab_size * h / t
     # bytes per parameter: weights, fp32 grad buffer, optimizer (fp32 master + Adam m, v; no master in fp32)
     w_bytes, g_bytes, o_bytes = (2, 4, 12) if bf16 else (4, 4, 8)
