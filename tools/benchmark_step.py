@@ -9,7 +9,7 @@ and layout.
 Forward+backward of one micro-batch per arch, the archs interleaved round by round in one process
 (megatron_sat/profiling/step_benchmark.py); prints each arch's median step time, saved-activation
 memory (and peak GPU memory on a GPU) with ratios to the Transformer, tokens/s and (on a GPU) MFU from
-the analytic FLOPs. An arch label 'arch:variant' runs a variant of the arch beside it (megatron_sat/archs.py).
+the analytic FLOPs. An arch label 'arch:variant' runs a variant of the arch beside it (megatron_sat.archs.ARCH_VARIANTS).
 Goal on a GPU for SATFormer: <= 1.02.
 With satformer among --archs also SATFormer's speed-up and memory saving against each arch (the paper, 760M:
 1.75x / 1.82x faster than Hyper-Connections / MUDDFormer, 31% / 5% less memory).
@@ -24,7 +24,7 @@ import warnings
 warnings.filterwarnings("ignore", module="megatron")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.archs import ARCH_VARIANTS, ARCHS, arch_label_errors
+from megatron_sat.archs import ARCH_VARIANTS, ARCHS, REFERENCE, SUBJECT, arch_label_errors
 from megatron_sat.model.sizes import PAPER_SCALES
 
 
@@ -53,7 +53,7 @@ def main():
     args = p.parse_args()
     for error in arch_label_errors(args.archs):
         p.error(error)
-    if "transformer" not in args.archs:
+    if REFERENCE not in args.archs:
         p.error("--archs must include transformer (the baseline of the ratios)")
     # torch and megatron-core only now that the arguments are good: --help and bad input answer at once
     import torch
@@ -89,10 +89,10 @@ def main():
         print(f"{r['arch']:<{w}} {r['params']:>13,} {r['step_ms_median']:>14.1f} {r['step_ms_min']:>8.1f} "
               f"{r['step_ms_max']:>8.1f} {r['time_ratio']:>7.3f} {r['tokens_per_s']:>9.0f} {mfu} "
               f"{r['activation_mib']:>11.1f} {r['activation_ratio']:>9.3f} {peak}")
-    if "satformer" in args.archs and len(args.archs) > 1:
+    if SUBJECT in args.archs and len(args.archs) > 1:
         print(f"\n{'satformer vs':<{w}} {'speed-up':>9} {'activ. saved':>13} {'peak saved':>11}")
         for r in rows:
-            if r["arch"] != "satformer":
+            if r["arch"] != SUBJECT:
                 peak = "n/a" if r["satformer_peak_saving"] is None else f"{100 * r['satformer_peak_saving']:.1f}%"
                 print(f"{r['arch']:<{w}} {r['satformer_speedup']:>8.2f}x "
                       f"{100 * r['satformer_activation_saving']:>12.1f}% {peak:>11}")

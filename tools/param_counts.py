@@ -15,7 +15,7 @@ import warnings
 warnings.filterwarnings("ignore", module="megatron")  # import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.archs import ARCHS
+from megatron_sat.archs import ARCHS, REFERENCE
 from megatron_sat.model.config import make_config
 from megatron_sat.model.sizes import PAPER_SCALES, PAPER_VOCAB, count_parameters
 
@@ -36,7 +36,7 @@ def main():
     width = max(len(a) for a in ARCHS)
     print(f"{'scale':>6} {'arch':<{width}} {'total':>15} {'non-embedding':>15} {'value residual':>15} "
           f"{'connections':>12} {'vs transformer':>15}")
-    base = {r["scale"]: r["total"] for r in rows if r["arch"] == "transformer"}
+    base = {r["scale"]: r["total"] for r in rows if r["arch"] == REFERENCE}
     for r in rows:  # connections: DenseFormer / MUDDFormer / Hyper-Connections weights (0 for the others)
         print(f"{r['scale']:>6} {r['arch']:<{width}} {r['total']:>15,} {r['total'] - r['embedding']:>15,} "
               f"{r['value_residual']:>15,} {r.get('connections', 0):>12,} {r['total'] - base[r['scale']]:>+15,}")

@@ -47,6 +47,7 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_sat import archs
 from megatron_sat.profiling import steptime
 from megatron_sat.training.arguments import Parser, build_parser  # Parser: one-line refusals, as the trainer's
 from megatron_sat.training.config_file import explicit_dests
@@ -54,14 +55,7 @@ from megatron_sat.training.planner import GPU_MEMORY_GIB, plan_recipe, resolve_a
 from recipes.paper import ARCHS, GRID  # importing the recipes package registers every recipe
 
 # what the memory estimate counts for each baseline, and how far it is checked (printed under the plan)
-BASELINE_MEMORY_NOTES = {
-    "denseformer": "each layer's output X_i, kept for the depth-weighted averages, the history on the pipeline "
-                   "message and its gradients in backward",
-    "muddformer": "the 4 streams and their weighted sums, the dynamic-weight MLP, the per-call Q/K/V weight "
-                  "slices, param_realloc FFN widths, the history on the pipeline message and its gradients",
-    "hyperconnections": "the n residual streams ([s, b, n x h] and the [s, b, (n+1) x h] mix per sublayer), the "
-                        "dynamic weights and the n x h-wide pipeline message",
-}
+BASELINE_MEMORY_NOTES = {a: archs.get(a).memory_note for a in archs.ARCHS if archs.get(a).memory_note}
 
 
 def memory_note(arch: str):

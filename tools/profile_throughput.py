@@ -41,7 +41,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_sat.archs import ARCHS  # (import-free: the help and the parser need no megatron)
+from megatron_sat.archs import ARCHS, REFERENCE  # (import-free: the help and the parser need no megatron)
 from megatron_sat.model.args import SHAPE  # no torch either
 from megatron_sat.training.arguments import Parser  # the trainer's one-line refusals (no torch)
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # one-line refusals
     a = p.add_argument
     a("--archs", nargs="+", default=list(ARCHS), help=f"archs to compare (default: all of {', '.join(ARCHS)})")
-    a("--baseline", default="transformer", help="the arch every ratio divides by")
+    a("--baseline", default=REFERENCE, help="the arch every ratio divides by")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recipe", help="take shapes, batch, layout and precision from this recipe (e.g. "
                                       "debug_satformer, satformer_760M); its arch is replaced by each of --archs")

@@ -14,10 +14,10 @@ from typing import Dict, List
 
 import numpy as np
 
+from megatron_sat import archs
 from megatron_sat.analysis.scaling import predict
 
-COLORS = {"transformer": "#4C72B0", "resformer": "#DD8452", "satformer": "#C44E52", "denseformer": "#55A868",
-          "muddformer": "#8172B3", "hyperconnections": "#937860"}
+COLORS = {a: archs.get(a).colour for a in archs.ARCHS}  # each arch module's colour (megatron_sat/archs/)
 
 
 def _plt():
@@ -42,7 +42,7 @@ def _used(rows, summary):
 
 
 def _color(arch):
-    return COLORS.get(arch, "#333333")
+    return archs.get(arch).colour if archs.known(arch) else "#333333"
 
 
 def scaling_figure(path: str, rows: List[dict], summary: dict, title: str = "") -> None:

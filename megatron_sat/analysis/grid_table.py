@@ -22,9 +22,9 @@ from typing import Dict, List
 
 from megatron_sat.analysis import scaling
 from megatron_sat.analysis.evaluation import SUITES
-from megatron_sat.archs import ARCHS
+from megatron_sat.archs import ARCHS, PAPER_REFERENCES, REFERENCE
 
-REFERENCES = ("transformer", "resformer")  # the differences the paper reports
+REFERENCES = PAPER_REFERENCES  # the differences the paper reports
 
 
 def _arch_key(arch):
@@ -126,7 +126,7 @@ def _mean_or_none(values):
 
 
 def _multipliers(cells, fits, archs, scales) -> dict:
-    ref = "transformer"
+    ref = REFERENCE
     if ref not in cells:
         return dict(note="no complete Transformer runs: no compute multiplier")
     ref_points = [(c["flops"], c["mean"]) for c in cells[ref].values() if c["flops"]]
@@ -193,7 +193,7 @@ def markdown(summary: dict, title: str) -> str:
         out += _table(["arch"] + [_scale_head(s, sc) for sc in scales],
                       [[a] + [_cell(cells[a].get(sc)) for sc in scales] for a in archs])
         for ref, diffs in s.get("differences", {}).items():
-            out += ["", f"## Difference to {'the Transformer' if ref == 'transformer' else 'ResFormer'}", "",
+            out += ["", f"## Difference to {'the Transformer' if ref == REFERENCE else 'ResFormer'}", "",
                     f"arch minus {ref}, same scale: difference of the seed means [{LEVEL:.0%} Welch t interval] "
                     "(negative: lower loss). **\\*** the interval excludes 0: larger than the seed noise. No interval "
                     "where a side has one seed.", ""]

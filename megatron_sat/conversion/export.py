@@ -20,6 +20,7 @@ import torch
 from megatron.core import dist_checkpointing
 from transformers import AutoModelForCausalLM
 
+from megatron_sat import archs
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import ConversionError, ModelSpec, hf_config, megatron_to_hf
 from megatron_sat.conversion.model_card import model_card
@@ -33,7 +34,7 @@ DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "f
 
 def check_gate_matches_authors(spec: ModelSpec) -> None:
     """Refuse a SATFormer gate whose Megatron definition differs from the authors' (and so from the export's)."""
-    if spec.arch != "satformer":
+    if not archs.get(spec.arch).gated:
         return
     x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     n = x.shape[-1]

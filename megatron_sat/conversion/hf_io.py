@@ -16,8 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import GenerationConfig
 
-from megatron_sat.archs import VALUE_RESIDUAL
-from megatron_sat.conversion.mapping import HF_CLASSES, ConversionError, ModelSpec
+from megatron_sat import archs
+from megatron_sat.conversion.mapping import ConversionError, ModelSpec
 
 HF_CODE = Path(__file__).parent / "hf_code"
 INDEX = "model.safetensors.index.json"
@@ -94,23 +94,15 @@ def save_safetensors(state: Dict[str, torch.Tensor], folder: Path, max_shard_byt
 
 
 def write_remote_code(spec: ModelSpec, folder: Path) -> None:
-    """configuration_<arch>.py and modeling_<arch>.py (Transformer: modeling_transformer.py, Qwen3 subclasses)."""
-    if spec.arch == "transformer":  # without q/k norms: transformers' own LlamaForCausalLM, no code to ship
-        if spec.qk_layernorm:
-            (folder / "modeling_transformer.py").write_text((HF_CODE / "modeling_qwen3_qknorm.py").read_text())
-        return
-    if spec.arch not in HF_CLASSES:
-        return
-    (folder / "layers.py").write_text((HF_CODE / "layers.py").read_text())  # shared by the modeling files below
-    if spec.arch not in VALUE_RESIDUAL:  # the baselines: their model, their config, the shared layers
-        (folder / f"configuration_{spec.arch}.py").write_text((HF_CODE / "configuration_baselines.py").read_text())
-        (folder / f"modeling_{spec.arch}.py").write_text((HF_CODE / f"modeling_{spec.arch}.py").read_text())
-        return
-    config_src = (HF_CODE / "configuration_valueresidual.py").read_text()
-    model_src = (HF_CODE / "modeling_valueresidual.py").read_text()
-    model_src = model_src.replace("from .configuration_valueresidual import", f"from .configuration_{spec.arch} import")
-    (folder / f"configuration_{spec.arch}.py").write_text(config_src)
-    (folder / f"modeling_{spec.arch}.py").write_text(model_src)
+    """The remote code the arch's module names (Arch.hf_code: configuration_<arch>.py, modeling_<arch>.py and the
+    shared layers.py; the Transformer with q/k norms: modeling_transformer.py, Qwen3 subclasses; without them,
+    transformers' own LlamaForCausalLM: none)."""
+    arch = archs.get(spec.arch)
+    for source, target in arch.hf_code_for(spec):
+        text = (HF_CODE / source.format(arch=spec.arch)).read_text()
+        for old, new in arch.hf_code_rewrites:
+            text = text.replace(old.format(arch=spec.arch), new.format(arch=spec.arch))
+        (folder / target.format(arch=spec.arch)).write_text(text)
 
 
 def readable_per_umask(folder: Path) -> None:

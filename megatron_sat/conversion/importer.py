@@ -43,6 +43,7 @@ import torch
 from megatron.core.transformer.module import Float16Module
 from transformers import AutoTokenizer
 
+from megatron_sat import archs
 from megatron_sat.conversion import hf_io, megatron_io
 from megatron_sat.conversion.mapping import (
     ConversionError,
@@ -84,7 +85,7 @@ def trainer_args(spec, trainer_argv: List[str]):
     given = {dest for dest, _ in passed}
     args = parser.parse_args(trainer_argv)
     grow = "arch" in given and args.arch != spec.arch
-    if grow and (spec.arch, args.arch) != ("transformer", "satformer"):
+    if grow and not (archs.get(spec.arch).plain and archs.get(args.arch).gated):
         raise ConversionError(f"--arch {args.arch} on a {spec.arch} model: only a Transformer (Qwen3, Llama) can "
                               "start another arch (--arch satformer); drop --arch")
     clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and _grown(dest)))
@@ -124,7 +125,7 @@ def identity_gates(weights: dict, spec) -> dict:
 
 def resolve_resformer_lambdas(spec, state: dict) -> None:
     """An export of a 'fixed' ResFormer says so; keep it fixed only if its lambdas still are 0.5."""
-    if spec.arch != "resformer" or spec.resformer_lambdas != "fixed":
+    if not archs.get(spec.arch).hf_only_weights(spec):
         return
     lam1 = state["model.lambda_manager.lambda_scale"] * torch.softmax(state["model.lambda_manager.lambda_logits"], 0)
     lam2 = [v for k, v in state.items() if k.endswith("value_residual_mixing.lambda2")]

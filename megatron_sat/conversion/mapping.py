@@ -22,19 +22,30 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from megatron_sat.archs import ARCHS
+from megatron_sat import archs
 from megatron_sat.model.args import ModelArgs
 
-CONVERTIBLE = ARCHS  # every arch has an HF format
-# the SATFormer authors' model_type and class-name prefix of each arch exported with remote code
-HF_MODEL_TYPES = {"satformer": "SATFormer", "resformer": "ResFormer", "transformer": "qwen3",
-                  "hyperconnections": "dhc", "denseformer": "denseformer", "muddformer": "muddformer"}
-HF_CLASSES = {"satformer": "SATFormer", "resformer": "ResFormer", "hyperconnections": "HyperConnections",
-              "denseformer": "DenseFormer", "muddformer": "MUDDFormer"}
-HC_NAMES = {"static_alpha": "static_alpha", "static_beta": "static_beta", "norm.weight": "norm.weight",
-            "dynamic_alpha": "dynamic_alpha_proj", "dynamic_beta": "dynamic_beta_proj",
-            "dynamic_alpha_scale": "dynamic_alpha_scale", "dynamic_beta_scale": "dynamic_beta_scale"}
-HC_SUBLAYERS = {"attention_hc": "attn_hc", "mlp_hc": "mlp_hc"}  # Megatron -> the authors' module names
+
+def convertible(names=None) -> tuple:
+    """Every arch with an HF format (each arch's module says its model_type, config keys and weight names); names:
+    the archs to look at (default: every registered one, a user's module of MSAT_ARCH_MODULES included)."""
+    return tuple(a for a in (archs.names() if names is None else names) if archs.get(a).hf_model_type)
+
+
+def hf_model_types(names=None) -> dict:
+    """arch -> the exported config.json's model_type (the SATFormer authors' for the archs with remote code)."""
+    return {a: archs.get(a).hf_model_type for a in convertible(names)}
+
+
+def hf_classes(names=None) -> dict:
+    """arch -> the class-name prefix of its exported remote code."""
+    return {a: archs.get(a).hf_class for a in convertible(names) if archs.get(a).hf_class}
+
+
+# the package's archs (importing this module imports no user module; the functions above include them)
+CONVERTIBLE = convertible(archs.ARCHS)
+HF_MODEL_TYPES = hf_model_types(archs.ARCHS)
+HF_CLASSES = hf_classes(archs.ARCHS)
 
 
 class ConversionError(ValueError):
@@ -43,7 +54,7 @@ class ConversionError(ValueError):
 
 def unsupported_arch(arch: str, what: str = "arch") -> ConversionError:
     """The refusal of an arch that has no HF conversion, naming it and the convertible ones."""
-    return ConversionError(f"{what} {arch!r} cannot be converted; supported archs: {', '.join(CONVERTIBLE)}")
+    return ConversionError(f"{what} {arch!r} cannot be converted; supported archs: {', '.join(convertible())}")
 
 
 @dataclass(kw_only=True)
@@ -59,7 +70,7 @@ class ModelSpec(ModelArgs):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.arch not in CONVERTIBLE:
+        if self.arch not in convertible():
             raise unsupported_arch(self.arch)
         if self.num_attention_heads % self.num_query_groups:
             raise ConversionError(f"{self.num_attention_heads} attention heads are not a multiple of "
@@ -86,20 +97,10 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
         rope_theta=float(spec.rotary_base), rope_parameters=dict(rope_type="default", rope_theta=float(spec.rotary_base)),
         attention_bias=False, attention_dropout=0.0, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
         dtype=dtype_name)
-    if spec.arch == "transformer" and not spec.qk_layernorm:  # no q/k norms: transformers' own Llama, no remote code
-        return dict(architectures=["LlamaForCausalLM"], model_type="llama", **decoder, rope_scaling=None,
-                    mlp_bias=False, pretraining_tp=1)
-    if spec.arch == "transformer":
-        return dict(
-            architectures=["Qwen3ForCausalLM"], model_type="qwen3", **decoder, qk_norm_eps=spec.qk_norm_eps,
-            auto_map={"AutoConfig": "modeling_transformer.Qwen3Config",
-                      "AutoModelForCausalLM": "modeling_transformer.Qwen3ForCausalLM"},
-            use_sliding_window=False, sliding_window=None, max_window_layers=spec.num_layers,
-            layer_types=["full_attention"] * spec.num_layers,
-        )
-    name = HF_CLASSES[spec.arch]
-    cfg = dict(
-        architectures=[f"{name}ForCausalLM"], model_type=HF_MODEL_TYPES[spec.arch],
+    arch = archs.get(spec.arch)
+    name = arch.hf_class
+    remote = dict(
+        architectures=[f"{name}ForCausalLM"], model_type=arch.hf_model_type,
         auto_map={"AutoConfig": f"configuration_{spec.arch}.{name}Config",
                   "AutoModelForCausalLM": f"modeling_{spec.arch}.{name}ForCausalLM"},
         hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers, num_heads=spec.num_attention_heads,
@@ -113,23 +114,11 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
         use_cache=True, tie_word_embeddings=spec.tied, fuse_norm=False, fuse_swiglu=False,
         fuse_cross_entropy=False, fuse_linear_cross_entropy=False, use_l2warp=False,
         vocab_size=spec.vocab_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, dtype=dtype_name,
-    )
-    if spec.arch == "hyperconnections":
-        cfg.update(expansion_rate=spec.hc_expansion_rate, use_dynamic_hc=spec.hc_dynamic, use_tanh=True,
-                   hc_norm_type="rms")
-        return cfg
-    if spec.arch == "denseformer":
-        cfg.update(dwa_dilation=1, dwa_period=1)
-        return cfg
-    if spec.arch == "muddformer":  # intermediate_size is the base width that param_realloc scales per layer
-        cfg.update(num_ways=4, param_realloc=spec.muddformer_param_realloc, use_pre_post_da_norm=True)
-        return cfg
-    cfg.update(use_value_residual=True, value_residual_last_k=spec.value_residual_last_k)
-    if spec.arch == "satformer":
-        cfg.update(value_residual_gate=spec.value_residual_gate, value_residual_proj_bias=False)
-    else:
-        cfg.update(value_residual_lambda2_init=0.5, megatron_sat_resformer_lambdas=spec.resformer_lambdas)
-    return cfg
+    ) if name else {}
+    out = arch.hf_config(spec, decoder, remote)  # the arch's keys (its module, megatron_sat/archs/)
+    if list(hf_model_types().values()).count(arch.hf_model_type) > 1:  # a model_type two archs share: say which
+        out["megatron_sat_arch"] = spec.arch
+    return out
 
 
 def spec_from_hf_config(cfg: dict) -> ModelSpec:
@@ -142,63 +131,34 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
         if not cond:
             errors.append(msg)
 
-    if mt in ("qwen3", "llama"):
-        rope, scaling = cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}  # transformers 5, 4
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
-        need(kind == "default", f"rope_type {kind!r} (need 'default': rope scaling is not built here)")
-        need(not cfg.get("attention_bias", False), "attention_bias=True (Megatron model has no biases)")
-        need(not cfg.get("mlp_bias", False), "mlp_bias=True (Megatron model has no biases)")
-        need(cfg.get("pretraining_tp", 1) == 1, f"pretraining_tp {cfg.get('pretraining_tp')} (need 1)")
-        need(not cfg.get("use_sliding_window", False), "sliding-window attention")
-        need(cfg.get("hidden_act", "silu") == "silu", f"hidden_act {cfg.get('hidden_act')!r} (need silu)")
-        kw = dict(arch="transformer", num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
-                  num_attention_heads=cfg["num_attention_heads"],
-                  num_query_groups=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-                  ffn_hidden_size=cfg["intermediate_size"],
-                  kv_channels=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-                  rotary_base=theta, layernorm_epsilon=cfg.get("rms_norm_eps", 1e-6),
-                  # native Qwen3 normalises q/k with rms_norm_eps; Llama has no q/k norms
-                  qk_norm_eps=cfg.get("qk_norm_eps", cfg.get("rms_norm_eps", 1e-6)), qk_layernorm=mt == "qwen3",
-                  tied=cfg.get("tie_word_embeddings", False))
-    elif mt in HF_MODEL_TYPES.values():
-        if mt in ("SATFormer", "ResFormer"):
-            need(cfg.get("use_value_residual", True), "use_value_residual=False (export it as a Transformer instead)")
-        elif mt == "dhc":
-            need(cfg.get("use_tanh", True), "use_tanh=False (the Megatron model's dynamic weights use tanh)")
-            need(cfg.get("hc_norm_type", "rms") == "rms", f"hc_norm_type {cfg.get('hc_norm_type')!r} (need 'rms')")
-        elif mt == "denseformer":
-            need(cfg.get("dwa_dilation", 1) == 1 and cfg.get("dwa_period", 1) == 1,
-                 "dwa_dilation or dwa_period other than 1 (the Megatron model averages after every block)")
-        else:
-            need(cfg.get("num_ways", 4) == 4, f"num_ways {cfg.get('num_ways')} (the Megatron model has 4)")
-            need(cfg.get("use_pre_post_da_norm", True), "use_pre_post_da_norm=False")
+    types = hf_model_types()
+    arch = cfg.get("megatron_sat_arch") if archs.known(cfg.get("megatron_sat_arch") or "") else None
+    arch = arch or next((a for a, t in types.items() if t == mt), None)
+    if mt == "llama":  # transformers' own Llama: the Transformer without q/k norms
+        arch = next((a for a in types if archs.get(a).hf_class is None), None)
+    if arch is None:
+        raise ConversionError(f"model_type {mt!r} cannot be imported: expected one of "
+                              + ", ".join(repr(t) for t in (*dict.fromkeys(types.values()), "llama")))
+    if archs.get(arch).hf_class is None:  # transformers' own classes (Qwen3, Llama): the arch reads their config
+        kw = archs.get(arch).hf_spec_fields(cfg, need)
+    else:
+        extra = archs.get(arch).hf_extra_fields(cfg, need)  # the arch's keys (its module, megatron_sat/archs/)
         need(not cfg.get("qkv_bias", False), "qkv_bias=True (the Megatron model has no biases)")
         need(not cfg.get("value_residual_proj_bias", False), "value_residual_proj_bias=True")
         need(cfg.get("window_size") is None, "window_size (sliding-window attention)")
         need(cfg.get("hidden_act", "swish") in ("swish", "silu"), f"hidden_act {cfg.get('hidden_act')!r}")
         h = cfg["hidden_size"]
         ffn = cfg.get("intermediate_size") or int(h * (cfg.get("hidden_ratio") or 4))
-        arch = {v: k for k, v in HF_MODEL_TYPES.items()}[mt]
         kw = dict(arch=arch, num_layers=cfg["num_hidden_layers"], hidden_size=h,
                   num_attention_heads=cfg["num_heads"], num_query_groups=cfg.get("num_kv_heads") or cfg["num_heads"],
                   ffn_hidden_size=ffn, kv_channels=cfg.get("head_dim") or h // cfg["num_heads"],
                   rotary_base=cfg.get("rope_theta", 1e4),
-                  qk_layernorm=bool(cfg.get("qk_norm", mt in ("SATFormer", "ResFormer"))),  # the classes' defaults
+                  # the classes' defaults: q/k norms in the value-residual archs
+                  qk_layernorm=bool(cfg.get("qk_norm", archs.get(arch).value_residual)),
                   layernorm_epsilon=cfg.get("norm_eps", 1e-6), value_residual_last_k=cfg.get("value_residual_last_k"),
                   qk_norm_eps=cfg.get("qk_norm_eps", 1e-5),  # the authors' configs have none: fla's default 1e-5
                   tied=cfg.get("tie_word_embeddings", False))
-        if mt == "SATFormer":
-            kw["value_residual_gate"] = cfg.get("value_residual_gate", "relu")
-        elif mt == "ResFormer":
-            kw["resformer_lambdas"] = cfg.get("megatron_sat_resformer_lambdas", "learned")
-        else:
-            kw.update(value_residual_last_k=None, hc_expansion_rate=cfg.get("expansion_rate", 4),
-                      hc_dynamic=cfg.get("use_dynamic_hc", True),
-                      muddformer_param_realloc=cfg.get("param_realloc", True))
-    else:
-        raise ConversionError(f"model_type {mt!r} cannot be imported: expected one of "
-                              + ", ".join(repr(t) for t in (*HF_MODEL_TYPES.values(), "llama")))
+        kw.update(extra)
     if errors:
         raise ConversionError(f"this {mt} model has features the Megatron model does not: " + "; ".join(errors))
     return ModelSpec(vocab_size=cfg["vocab_size"], max_position_embeddings=cfg.get("max_position_embeddings", 4096),
@@ -214,17 +174,15 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
 # model.layers.{i}.). {emb}, {attn}, {ln1}, {ln2}: the arch's HF module names (_hf_names). Shapes in the dims of
 # weight_table: h hidden, hn head dim, q = nq hn, kv = ng hn, qkv = (nq + 2 ng) hn, ng KV heads, f the layer's
 # FFN width, V vocabulary, L-1 layers after the first; digits as written.
-# Which: 'all', 'untied' (no tied output layer), 'qk_layernorm' (q/k norms on), ARCH, or 'ARCH mixing' (the layers
-# that mix V1). A fixed ResFormer
-# stores no lambdas: its 'resformer' tensors are HF-only (the export writes lambda1 = 0.5, the import drops them).
+# Which: 'all', 'untied' (no tied output layer), 'qk_layernorm' (q/k norms on), or 'mixing' (the layers that mix
+# V1). Each arch's own rows are in its module (Arch.hf_model_weights, hf_layer_weights: after these, in this
+# order); they can be HF-only in a model (Arch.hf_only_weights: a fixed ResFormer stores no lambdas).
 # The two transforms join several HF tensors into one Megatron tensor, in table order: 'qkv' (per KV group its q
 # heads, k and v: Megatron's fused layout) and 'fc1' ([gate; up]); every other tensor moves as it is, reshaped.
 MODEL_WEIGHTS = (
     ("embedding.word_embeddings.weight", "{emb}", "V h", "V h", None, "all"),
     ("decoder.final_layernorm.weight", "model.norm.weight", "h", "h", None, "all"),
     ("output_layer.weight", "lm_head.weight", "V h", "V h", None, "untied"),
-    ("value_residual_lambdas.logits", "model.lambda_manager.lambda_logits", "L-1", "L-1", None, "resformer"),
-    ("value_residual_lambdas.scale", "model.lambda_manager.lambda_scale", "1", "", None, "resformer"),
 )
 LAYER_WEIGHTS = (
     ("input_layernorm.weight", "{ln1}.weight", "h", "h", None, "all"),
@@ -238,10 +196,6 @@ LAYER_WEIGHTS = (
     ("mlp.linear_fc1.weight", "mlp.gate_proj.weight", "2f h", "f h", "fc1", "all"),
     ("mlp.linear_fc1.weight", "mlp.up_proj.weight", "2f h", "f h", "fc1", "all"),
     ("mlp.linear_fc2.weight", "mlp.down_proj.weight", "h f", "h f", None, "all"),
-    ("self_attention.value_residual_gate.weight", "{attn}.value_residual_mixing.alpha_proj.weight", "ng h", "ng h",
-     None, "satformer mixing"),
-    ("self_attention.value_residual_lambda2", "{attn}.value_residual_mixing.lambda2", "1", "", None,
-     "resformer mixing"),
 )
 
 
@@ -268,10 +222,9 @@ JOIN = {"qkv": _join_qkv, "fc1": lambda parts, spec: torch.cat(parts)}
 
 def _has(which: str, spec: ModelSpec, layer: Optional[int] = None) -> bool:
     """Whether a table row's tensor is in this model (`which` as in the table; layer 1-based)."""
-    if which in ("all", "untied", "qk_layernorm"):
-        return which == "all" or (not spec.tied if which == "untied" else spec.qk_layernorm)
-    arch, _, mixing = which.partition(" ")
-    return spec.arch == arch and (not mixing or layer in spec.mixing_layers)
+    if which == "mixing":
+        return layer in spec.mixing_layers
+    return which == "all" or (not spec.tied if which == "untied" else spec.qk_layernorm)
 
 
 def weight_table(spec: ModelSpec) -> List[Tuple[Optional[str], str, tuple, tuple, Optional[str]]]:
@@ -281,19 +234,23 @@ def weight_table(spec: ModelSpec) -> List[Tuple[Optional[str], str, tuple, tuple
     names = _hf_names(spec.arch)
     dims = {"h": h, "hn": hn, "q": nq * hn, "kv": ng * hn, "qkv": (nq + 2 * ng) * hn, "ng": ng, "V": spec.vocab_size,
             "L-1": spec.num_layers - 1}
-    hf_only = spec.arch == "resformer" and spec.resformer_lambdas == "fixed"
+    arch = archs.get(spec.arch)
+    hf_only = arch.hf_only_weights(spec)  # the arch's own rows have no Megatron tensor in this model
 
-    def row(meg, hf, meg_shape, hf_shape, transform, which):
+    def row(meg, hf, meg_shape, hf_shape, transform, which, own=False):
         def shape(text):
             return tuple(int(d) if d.isdigit() else dims[d] for d in text.split())
-        meg = None if hf_only and which.startswith("resformer") else meg
+        meg = None if hf_only and own else meg
         return meg, hf.format(**names), shape(meg_shape), shape(hf_shape), transform
 
     rows = [row(*r) for r in MODEL_WEIGHTS if _has(r[-1], spec)]
+    rows += [row(*r, own=True) for r in arch.hf_model_weights if _has(r[-1], spec)]
     for i in range(spec.num_layers):
         dims.update({"f": spec.ffn(i + 1), "2f": 2 * spec.ffn(i + 1)})
         rows += [row(f"decoder.layers.{i}." + meg, f"model.layers.{i}." + hf, *rest)
                  for meg, hf, *rest in LAYER_WEIGHTS if _has(rest[-1], spec, i + 1)]
+        rows += [row(f"decoder.layers.{i}." + meg, f"model.layers.{i}." + hf, *rest, own=True)
+                 for meg, hf, *rest in arch.hf_layer_weights if _has(rest[-1], spec, i + 1)]
     return rows + [(meg, hf, meg_shape, hf_shape, None) for meg, hf, meg_shape, hf_shape in layer_extras(spec)]
 
 
@@ -305,46 +262,14 @@ def hf_shapes(spec: ModelSpec) -> Dict[str, tuple]:
     return {hf: shape for _, hf, _, shape, _ in weight_table(spec)}
 
 
-def hc_shapes(spec: ModelSpec) -> Dict[str, tuple]:
-    """One Hyper-Connection's tensors under their Megatron names (HC_NAMES gives the authors')."""
-    n, h = spec.hc_expansion_rate, spec.hidden_size
-    out = {"static_alpha": (n, n + 1), "static_beta": (n,)}
-    if spec.hc_dynamic:
-        out.update({"norm.weight": (h,), "dynamic_alpha": (h, n + 1), "dynamic_beta": (h,),
-                    "dynamic_alpha_scale": (1,), "dynamic_beta_scale": (1,)})
-    return out
-
-
 def _hf_names(arch: str) -> dict:
-    if arch == "transformer":
-        return dict(emb="model.embed_tokens.weight", attn="self_attn", ln1="input_layernorm",
-                    ln2="post_attention_layernorm")
-    return dict(emb="model.embeddings.weight", attn="attn", ln1="attn_norm_q" if arch == "muddformer" else "attn_norm",
-                ln2="mlp_norm")
+    return archs.get(arch).hf_names()
 
 
 def layer_extras(spec: ModelSpec) -> List[Tuple[str, str, tuple, tuple]]:
-    """(Megatron name, HF name, Megatron shape, HF shape) of the baselines' own tensors, moved as they are."""
-    h, L, out = spec.hidden_size, spec.num_layers, []
-    for i in range(L):
-        m, p = f"decoder.layers.{i}.", f"model.layers.{i}."
-        if spec.arch == "hyperconnections":
-            for sub, theirs in HC_SUBLAYERS.items():
-                out += [(m + f"{sub}.{name}", p + f"{theirs}.{HC_NAMES[name]}", shape, shape)
-                        for name, shape in hc_shapes(spec).items()]
-        elif spec.arch == "denseformer":  # after layer i (0-based): weights over X_0 .. X_{i+1}
-            out.append((m + "dwa_weights", f"model.dwa_modules.alphas.{i}.weight", (i + 2,), (1, i + 2)))
-        elif spec.arch == "muddformer":
-            C, k = (4 if i + 1 < L else 1), i + 2  # ways out of layer i; outputs X_0 .. X_{i+1} it reads
-            out += [(m + "key_input_layernorm.weight", p + "attn_norm_k.weight", (h,), (h,)),
-                    (m + "value_input_layernorm.weight", p + "attn_norm_v.weight", (h,), (h,))]
-            d, da = m + "depth_aggregate.", p + "da."
-            out += [(d + "w1", da + "w1.weight", (C * k, h), (C * k, h)),
-                    (d + "w2", da + "w2.weight", (C * k, C * k), (C * k, C * k)),
-                    (d + "static_weight", da + "static_weight", (C, k), (C, k))]
-            out += [(d + f"pre_norms.{j}.weight", da + f"pre_da_norms.{j}.weight", (h,), (h,)) for j in range(k)]
-            out += [(d + f"post_norms.{c}.weight", da + f"post_da_norms.{c}.weight", (h,), (h,)) for c in range(C)]
-    return out
+    """(Megatron name, HF name, Megatron shape, HF shape) of an arch's own tensors (its module's layer_extras),
+    moved as they are."""
+    return archs.get(spec.arch).layer_extras(spec)
 
 
 def check_shapes(state: Dict[str, torch.Tensor], expected: Dict[str, tuple], what: str) -> None:

@@ -18,7 +18,7 @@ import torch
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
-from megatron_sat.conversion.mapping import CONVERTIBLE, ConversionError, ModelSpec, unsupported_arch
+from megatron_sat.conversion.mapping import ConversionError, ModelSpec, convertible, unsupported_arch
 from megatron_sat.model.args import from_record, record
 from megatron_sat.model.config import make_config
 from megatron_sat.model.gpt import build_model
@@ -165,7 +165,7 @@ def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
     """ModelSpec from the trainer's recorded arguments (model/args.py's from_record: the one way recorded arguments
     become a model, older runs' missing fields from LEGACY_DEFAULTS); vocabulary and tying from the stored tensors.
     The converter and lm-eval's checkpoint loader both build from it."""
-    if args["arch"] not in CONVERTIBLE:
+    if args["arch"] not in convertible():
         raise unsupported_arch(args["arch"], "the checkpoint's arch")
     if EMBEDDING_KEY not in metadata:
         raise ConversionError(f"the checkpoint has no {EMBEDDING_KEY}")

@@ -17,7 +17,7 @@ from typing import Optional
 
 from huggingface_hub import ModelCardData
 
-from megatron_sat.archs import VALUE_RESIDUAL
+from megatron_sat import archs
 from megatron_sat.training.records import read_metrics
 
 PAPER_CITATION = """@article{gunasekaran2026satformer,
@@ -27,8 +27,12 @@ PAPER_CITATION = """@article{gunasekaran2026satformer,
   year    = {2026}
 }"""
 TRANSFORMERS_RANGE = ">= 4.51"  # Qwen3 (the Transformer baseline's class) first shipped in 4.51
-ARCH_NAMES = {"satformer": "SATFormer", "resformer": "ResFormer", "transformer": "Transformer (Qwen3-style)",
-              "denseformer": "DenseFormer", "muddformer": "MUDDFormer", "hyperconnections": "Hyper-Connections"}
+ARCH_NAMES = {a: archs.get(a).title for a in archs.ARCHS}  # the arch modules' titles, for readers of this table
+
+
+def _title(arch: str) -> str:
+    """How the card names the arch: its module's title."""
+    return archs.get(arch).title if archs.known(arch) else arch
 
 
 def final_validation_loss(run_dir: Optional[str], iteration: Optional[int]):
@@ -65,14 +69,14 @@ def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_sa
     if isinstance(data, dict):
         data = ", ".join(f"{k}: {v}" for k, v in data.items() if v)
     meta = ModelCardData(license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
-                         tags=["megatron-sat", arch, "value-residual" if arch in VALUE_RESIDUAL else arch])
+                         tags=["megatron-sat", arch, *(archs.get(arch).tags or (arch,))])
     shape = (f"{spec.get('num_layers')} layers, hidden size {spec.get('hidden_size')}, "
              f"{spec.get('num_attention_heads')} attention heads ({spec.get('num_query_groups')} KV heads), "
              f"FFN {spec.get('ffn_hidden_size')}, vocabulary {spec.get('vocab_size')}, context {seq}")
     lines = [
         "---", meta.to_yaml(), "---", "",
-        f"# {ARCH_NAMES.get(arch, arch)} ({info['parameters']:,} parameters)", "",
-        f"A {ARCH_NAMES.get(arch, arch)} language model trained with megatron-sat (Megatron-Core) and exported to "
+        f"# {_title(arch)} ({info['parameters']:,} parameters)", "",
+        f"A {_title(arch)} language model trained with megatron-sat (Megatron-Core) and exported to "
         "Hugging Face format (load with `trust_remote_code=True`).", "",
         "| | |", "|---|---|",
         f"| arch | `{arch}` |",

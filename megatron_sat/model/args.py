@@ -28,23 +28,23 @@ value and (resume=True) a resume check. The Hugging Face conversion does not car
 no config.json key for it and an import takes its default, until the arch's mapping (conversion/mapping.py) writes
 and reads one.
 
-Per-arch parameter facts sit beside it: `layer_parameters` (one layer's parameters by part, as built) and
-`model_parameters` (the whole model's), which model/sizes.py, the planner and the dry run read.
+Parameter counts sit beside it: `layer_parameters` (one layer's parameters by part, as built: the block's here, the
+arch's own parts from its module, megatron_sat/archs/) and `model_parameters` (the whole model's), which
+model/sizes.py, the planner and the dry run read.
 """
 
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Dict, Mapping, Optional
 
+from megatron_sat import archs
 from megatron_sat.archs import (
     ARCHS,
-    DENSE,
     GATE_IMPLS,
     GATES,
     LOCAL_ATTENTION,
     OUTPUT_LAYER_INITS,
     RESFORMER_LAMBDAS,
-    VALUE_RESIDUAL,
     ffn_size,
     mixing_layers,
 )
@@ -148,14 +148,14 @@ class ModelArgs:
         if self.kv_channels is None and heads:
             self.kv_channels = self.hidden_size // heads  # TransformerConfig's default
 
-    # the per-arch facts, under SATConfig's names (archs.py writes them once for both)
+    # the per-arch facts, under SATConfig's names (the arch's module, megatron_sat/archs/, writes them once for both)
     @property
     def uses_value_residual(self) -> bool:
-        return self.arch in VALUE_RESIDUAL
+        return archs.get(self.arch).value_residual
 
     @property
     def is_dense(self) -> bool:
-        return self.arch in DENSE
+        return archs.get(self.arch).dense
 
     @property
     def mixing_layers(self) -> list:
@@ -218,20 +218,14 @@ def record(model) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# parameters, by arch: the one place the formulas are written (model/sizes.py, the planner and the dry run read it)
+# parameters: the block's formulas here, each arch's own parts in its module (megatron_sat/archs/); model/sizes.py,
+# the planner and the dry run read them
 # ---------------------------------------------------------------------------------------------------------------
 
 LAYER_PARTS = ("attention", "mlp", "norms", "value_residual", "gate_padding", "connections")
 # parts whose tensors tensor parallelism splits (the others are replicated on every TP rank); SATFormer's gate
 # is split too when it is fused into linear_qkv
 SHARDED_PARTS = ("attention", "mlp", "gate_padding")
-
-
-def _fused_gate(model, tp: int):
-    """(fused?, zero padding rows over all TP ranks) of SATFormer's gate at TP `tp`."""
-    from megatron_sat.model import fused_gate  # torch (1 s): this module is read by argument parsing, torch-free
-
-    return fused_gate.applies(model, tp), fused_gate.padding_rows(model, tp)
 
 
 def layer_parameters(model, layer: int, tp: int = 1) -> Dict[str, int]:
@@ -241,38 +235,19 @@ def layer_parameters(model, layer: int, tp: int = 1) -> Dict[str, int]:
     (gate_padding, which depends on tp); its W_alpha is split with linear_qkv when fused, else replicated."""
     h, hn = model.hidden_size, model.kv_channels
     nq, ng = model.num_attention_heads, model.num_query_groups
-    mixes = layer in mixing_layers(model)
     parts = dict.fromkeys(LAYER_PARTS, 0)
     parts["attention"] = h * (nq + 2 * ng) * hn + nq * hn * h  # linear_qkv + linear_proj
     parts["mlp"] = h * ffn_size(model, layer) * (3 if model.gated_linear_unit else 2)
     parts["norms"] = 2 * h + (2 * hn if model.qk_layernorm else 0)  # input, pre-MLP, q and k norms
-    sharded_gate = False
-    if model.arch == "satformer" and mixes:
-        parts["value_residual"] = ng * h  # W_alpha
-        sharded_gate, padding = _fused_gate(model, tp)
-        parts["gate_padding"] = h * padding
-    elif model.arch == "resformer" and model.resformer_lambdas == "learned" and mixes:
-        parts["value_residual"] = 1  # lambda2
-    elif model.arch == "denseformer":
-        parts["connections"] = layer + 1  # DWA weights over X_0..X_i
-    elif model.arch == "muddformer":
-        C, k = (4 if layer < model.num_layers else 1), layer + 1  # ways out of the layer; outputs X_0..X_i it reads
-        parts["norms"] += 2 * h  # key and value input norms
-        parts["connections"] = C * k * h + (C * k) ** 2 + C * k + k * h + C * h  # w1, w2, static, pre/post norms
-    elif model.arch == "hyperconnections":
-        n = model.hc_expansion_rate
-        hc = n * (n + 1) + n  # static alpha, beta
-        if model.hc_dynamic:
-            hc += h + h * (n + 1) + h + 2  # norm, dynamic alpha, beta, their two scales
-        parts["connections"] = 2 * hc  # before attention and before the MLP
+    sharded_gate = archs.get(model.arch).layer_parameters(model, layer, tp, parts)  # the arch's own parts
     parts["sharded"] = sum(parts[p] for p in SHARDED_PARTS) + (parts["value_residual"] if sharded_gate else 0)
     return parts
 
 
 def chunk_parameters(model) -> int:
-    """Parameters every model chunk (pipeline stage part) holds once: ResFormer's learned lambda1 (L - 1 logits and
-    a scale), replicated."""
-    return model.num_layers if model.arch == "resformer" and model.resformer_lambdas == "learned" else 0
+    """Parameters every model chunk (pipeline stage part) holds once, replicated (the arch's module says: ResFormer's
+    learned lambda1, L - 1 logits and a scale)."""
+    return archs.get(model.arch).chunk_parameters(model)
 
 
 def model_parameters(model, vocab_size: int, tied_embeddings: bool = True, tp: int = 1) -> Dict[str, int]:

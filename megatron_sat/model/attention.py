@@ -32,6 +32,7 @@ from megatron.core.tensor_parallel.mappings import (
 )
 from megatron.core.transformer.attention import SelfAttention
 
+from megatron_sat import archs
 from megatron_sat.model import fused_gate
 from megatron_sat.model.config import SATConfig, gate_function
 from megatron_sat.model.value_mix import mix_eager, mix_fused
@@ -81,7 +82,8 @@ class ValueResidualSelfAttention(SelfAttention):
 
     def __init__(self, config: SATConfig, submodules, layer_number: int, *args, **kwargs):
         mixes_v1 = layer_number in config.mixing_layers
-        fused = mixes_v1 and config.arch == "satformer" and config.fused_value_residual_gate
+        gated = mixes_v1 and archs.get(config.arch).gated  # a SATFormer gate (its module: megatron_sat/archs/)
+        fused = gated and config.fused_value_residual_gate
         if fused:  # linear_qkv is built wider, with the gate rows (megatron_sat.model.fused_gate)
             build = submodules.linear_qkv
 
@@ -93,7 +95,7 @@ class ValueResidualSelfAttention(SelfAttention):
         super().__init__(config, submodules, layer_number, *args, **kwargs)
         self.produces_v1 = layer_number == 1
         self.mixes_v1 = mixes_v1
-        self.gated = mixes_v1 and config.arch == "satformer"  # has a SATFormer gate (telemetry)
+        self.gated = gated  # has a SATFormer gate (telemetry)
         self.v1: Optional[torch.Tensor] = None  # set by the layer around each forward
         self.last_alpha: Optional[torch.Tensor] = None  # detached gate of the last forward (telemetry)
         self.lambda1_fn = None  # ResFormer learned mode: set by the model (lambda1 is shared)
@@ -108,7 +110,7 @@ class ValueResidualSelfAttention(SelfAttention):
             self.gate_fn = gate_function(config.value_residual_gate)
         elif self.gated:
             self.value_residual_gate = ValueResidualGate(config, self.pg_collection.tp)
-        if self.mixes_v1 and config.arch == "resformer" and config.resformer_lambdas == "learned":
+        if self.mixes_v1 and archs.get(config.arch).learned_lambdas(config):
             self.value_residual_lambda2 = torch.nn.Parameter(
                 torch.full((1,), 0.5, dtype=config.params_dtype)
             )
@@ -171,7 +173,7 @@ class ValueResidualSelfAttention(SelfAttention):
 
     def _mix(self, value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         v1 = self._v1()
-        if self.config.arch == "satformer":
+        if self.gated:
             alpha = self.value_residual_gate(x, seq_len=value.shape[0])  # [s, b, ng/tp]
             self.last_alpha = alpha.detach()
             return mix_eager(value, alpha, v1)  # [s, b, ng/tp, hn]

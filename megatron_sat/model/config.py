@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 from megatron.core.utils import init_method_normal
 
+from megatron_sat import archs
 from megatron_sat.archs import GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, arch_errors
 from megatron_sat.model.args import NAMES, ModelArgs
-from megatron_sat.model.fused_gate import applies as fused_gate_applies
 
 
 @dataclass
@@ -53,11 +53,9 @@ class SATConfig(TransformerConfig, ModelArgs):
                              value_residual_gate_impl=self.value_residual_gate_impl, spelling="fields")
         if errors:
             raise ValueError("; ".join(errors))
-        if self.arch == "muddformer" and self.num_query_groups < self.tensor_model_parallel_size:
-            raise ValueError(
-                f"muddformer needs num_query_groups ({self.num_query_groups}) >= tensor parallel size "
-                f"({self.tensor_model_parallel_size}): its Q, K and V come from different inputs"
-            )
+        errors = archs.get(self.arch).layout_errors(self)
+        if errors:
+            raise ValueError("; ".join(errors))
         if not self.uses_value_residual:
             return
         if self.num_layers < 2:
@@ -79,7 +77,7 @@ class SATConfig(TransformerConfig, ModelArgs):
     @property
     def fused_value_residual_gate(self) -> bool:
         """SATFormer's gate rows live in linear_qkv (value_residual_gate_impl 'fused', where it applies)."""
-        return fused_gate_applies(self, self.tensor_model_parallel_size)
+        return archs.get(self.arch).fused_gate(self, self.tensor_model_parallel_size)
 
     @property
     def v1_channels(self) -> int:

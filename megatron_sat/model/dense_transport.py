@@ -21,10 +21,12 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from megatron_sat import archs
+
 
 def stream_count(config) -> int:
     """Input streams besides the residual one that a dense arch hands to the next layer."""
-    return 3 if config.arch == "muddformer" else 0
+    return archs.get(config.arch).stream_count
 
 
 def wire_width(config) -> int:
@@ -36,7 +38,7 @@ def wire_width(config) -> int:
     if pp == 1:
         return 0
     last_first_layer = 1 + get_transformer_layer_offset(config, vp - 1 if vp else None, pp - 1)
-    return (stream_count(config) + last_first_layer) * config.hidden_size
+    return archs.get(config.arch).wire_channels(config, last_first_layer)
 
 
 def pack(hidden: torch.Tensor, tensors: Sequence[torch.Tensor], width: int = None) -> torch.Tensor:

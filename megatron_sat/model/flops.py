@@ -31,7 +31,8 @@ Norms, RoPE, softmax and the loss are left out, as in the usual MFU conventions.
 
 from typing import Optional
 
-from megatron_sat.archs import ffn_size, mixing_layers
+from megatron_sat import archs
+from megatron_sat.archs import mixing_layers
 
 # dense bf16 peak TFLOP/s per device (no sparsity), from the vendors' datasheets; matched as a substring of
 # torch.cuda.get_device_name() in this order (a more specific name first: A100 before A10, L40S before L40, GB200
@@ -47,7 +48,8 @@ PEAK_TFLOPS = {
 
 def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = None) -> dict:
     """Forward FLOPs per token by term. cfg: anything with SATConfig's field names; tp: the TP size the
-    fused gate's padding is counted for (default the config's tensor_model_parallel_size, else 1)."""
+    fused gate's padding is counted for (default the config's tensor_model_parallel_size, else 1). The arch's
+    own terms come from its module (megatron_sat/archs/: Arch.flops)."""
     h, L, nh = cfg.hidden_size, cfg.num_layers, cfg.num_attention_heads
     ng = getattr(cfg, "num_query_groups", None) or nh
     d = getattr(cfg, "kv_channels", None) or h // nh
@@ -64,39 +66,10 @@ def flops_breakdown(cfg, seq_length: int, vocab_size: int, tp: Optional[int] = N
         gate_padding=0,
         mixing=0,
     )
-    if cfg.arch == "satformer":
-        # here, and only for SATFormer: fused_gate imports torch, this module does not (the step-time model and the
-        # planner count FLOPs of every other arch torch-free)
-        from megatron_sat.model.fused_gate import padding_rows
-        out["gate"] = m * (2 * h * ng + ng)
-        out["gate_padding"] = m * 2 * h * padding_rows(cfg, tp or getattr(cfg, "tensor_model_parallel_size", 1))
-        out["mixing"] = m * 2 * ng * d
-    elif cfg.arch == "resformer":
-        out["mixing"] = m * 3 * ng * d
-    out["connections"] = _connections(cfg, h, L)
-    if cfg.arch == "muddformer":
-        out["mlp"] = sum(2 * h * ffn_size(cfg, i) * mlp_mats for i in range(1, L + 1))
+    out["connections"] = 0
+    dims = dict(h=h, L=L, nh=nh, ng=ng, d=d, mlp_mats=mlp_mats, m=m)
+    archs.get(cfg.arch).flops(cfg, out, dims, tp or getattr(cfg, "tensor_model_parallel_size", 1))
     return out
-
-
-def _connections(cfg, h: int, L: int) -> int:
-    """Forward FLOPs per token of the baselines' connections (module docstring); 0 for the other archs."""
-    arch = getattr(cfg, "arch", "transformer")
-    if arch == "denseformer":
-        return sum((2 * (i + 1) - 1) * h for i in range(1, L + 1))
-    if arch == "muddformer":
-        total = 0
-        for i in range(1, L + 1):
-            c, k = (4 if i < L else 1), i + 1
-            total += 2 * h * c * k + c * k + 2 * (c * k) ** 2 + c * k + c * (2 * k - 1) * h + c * h
-        return total
-    if arch == "hyperconnections":
-        n = getattr(cfg, "hc_expansion_rate", 4)
-        per_sublayer = 2 * n * (n + 1) * h + 2 * n * h
-        if getattr(cfg, "hc_dynamic", True):
-            per_sublayer += 2 * n * h * (n + 1) + 2 * n * h + 3 * n * (n + 2)
-        return L * 2 * per_sublayer + (n - 1) * h
-    return 0
 
 
 def flops_per_token(cfg, seq_length: int, vocab_size: int, training: bool = True, tp: Optional[int] = None) -> int:

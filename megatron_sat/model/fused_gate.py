@@ -3,7 +3,7 @@
 W_alpha has one row per KV group. Megatron's linear_qkv orders its output rows by KV group,
 [q heads, k, v] per group, and tensor parallelism gives each rank whole groups (as Megatron places
 its attention output gate). The fused weight adds each group's gate row after its v rows and pads
-each rank's shard to a multiple of ALIGN rows (FP8 GEMMs want multiples of 16):
+each rank's shard to a multiple of 16 rows (FP8 GEMMs want them; archs/satformer.py FUSED_ROW_MULTIPLE):
 
     per TP rank   [ng/tp groups x ((np/ng + 2) hn + 1) rows] + pad rows (zero, never updated)
     global        the TP ranks' shards one after the other (so the padding sits at each shard's end)
@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-ALIGN = 16
+from megatron_sat import archs
+from megatron_sat.archs.satformer import fused_padding
+
 GATE_SUFFIX = "value_residual_gate.weight"
 QKV_SUFFIX = "linear_qkv.weight"
 
@@ -48,11 +50,11 @@ class FusedGateLayout:
 
     @property
     def pad(self) -> int:
-        return -(self.groups * self.group_width) % ALIGN
+        return fused_padding(self.groups, self.q_per_group, self.head_dim)
 
     @property
     def width(self) -> int:
-        """Output width per TP rank (a multiple of ALIGN)."""
+        """Output width per TP rank (a multiple of 16)."""
         return self.groups * self.group_width + self.pad
 
     @classmethod
@@ -93,20 +95,14 @@ class FusedGateLayout:
 
 
 def applies(cfg, tp: int) -> bool:
-    """Whether SATFormer's gate is fused at TP size `tp`. cfg: anything with SATConfig's field names."""
-    ng = getattr(cfg, "num_query_groups", None) or cfg.num_attention_heads
-    return (cfg.arch == "satformer" and getattr(cfg, "value_residual_gate_impl", "fused") == "fused"
-            and ng % tp == 0 and not (getattr(cfg, "add_bias_linear", False) or getattr(cfg, "add_qkv_bias", False)))
+    """Whether the arch's gate is fused at TP size `tp` (its module says: megatron_sat/archs/satformer.py).
+    cfg: anything with SATConfig's field names."""
+    return archs.get(cfg.arch).fused_gate(cfg, tp)
 
 
 def padding_rows(cfg, tp: int) -> int:
     """Zero padding rows of one fused layer's weight over all TP ranks (0 when the gate is not fused)."""
-    if not applies(cfg, tp):
-        return 0
-    nh = cfg.num_attention_heads
-    ng = getattr(cfg, "num_query_groups", None) or nh
-    d = getattr(cfg, "kv_channels", None) or cfg.hidden_size // nh
-    return tp * FusedGateLayout(groups=ng // tp, q_per_group=nh // ng, head_dim=d, tp=tp).pad
+    return archs.get(cfg.arch).padding_rows(cfg, tp)
 
 
 def build_fused_linear(build, layout: FusedGateLayout, in_size: int, out_size: int, config, **kwargs):

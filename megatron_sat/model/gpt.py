@@ -22,7 +22,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.module import MegatronModule
 
-from megatron_sat import compat
+from megatron_sat import archs, compat
 from megatron_sat.model import dense_transport, v1_transport
 from megatron_sat.model.config import SATConfig
 from megatron_sat.model.specs import layer_spec
@@ -67,7 +67,7 @@ class CarryGPTModel(GPTModel):
         layers = self.decoder.layers
         if not self.post_process and len(layers) > 0:
             layers[-1].emits_carry = True
-        if config.arch == "resformer" and config.resformer_lambdas == "learned":
+        if archs.get(config.arch).learned_lambdas(config):
             self.value_residual_lambdas = ResFormerLambdas(config, primary=self.pre_process)
             for layer in layers:
                 if layer.self_attention.mixes_v1:

@@ -1,6 +1,7 @@
 """Layer specs: Megatron's Llama-style GPT layer, with module swaps for the other archs.
 
-A variant is a spec plus a small subclass, on Megatron's own submodules:
+A variant is a spec plus a small subclass, on Megatron's own submodules; the arch's module (megatron_sat/archs/)
+names them (Arch.layer_class, attention_class, unfused_input_norm):
     transformer        Megatron's spec untouched
     satformer/resformer    layer ValueResidualTransformerLayer, attention ValueResidualSelfAttention
     denseformer        layer DenseFormerLayer
@@ -22,6 +23,7 @@ Two backends with the same classes on top:
 
 import copy
 import dataclasses
+import importlib
 import warnings
 from typing import Optional
 
@@ -33,13 +35,9 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
 
-from megatron_sat.model.attention import ValueResidualSelfAttention
+from megatron_sat import archs
 from megatron_sat.model.config import SATConfig
 from megatron_sat.model.core_attention import SDPAttention
-from megatron_sat.model.denseformer import DenseFormerLayer
-from megatron_sat.model.hyperconnections import HyperConnectionsLayer
-from megatron_sat.model.layer import ValueResidualTransformerLayer
-from megatron_sat.model.muddformer import MUDDFormerLayer, MultiInputSelfAttention
 
 
 @dataclasses.dataclass
@@ -69,6 +67,15 @@ def qk_norm_builder(norm):
     return build
 
 
+def resolve(ref):
+    """A class an arch names: the class itself, or "module:Class" (imported here, so that the arch's module
+    stays torch-free)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
     """The decoder layer spec for config.arch on `backend` ('local', 'te' or None = best available)."""
     backend = backend or ("te" if te_available() else "local")
@@ -86,27 +93,17 @@ def layer_spec(config: SATConfig, backend: Optional[str] = None) -> ModuleSpec:
     attention = layer.self_attention
     for name in ("q_layernorm", "k_layernorm") if config.qk_layernorm else ():  # --no-qk-layernorm: none (Llama)
         setattr(attention.submodules, name, qk_norm_builder(getattr(attention.submodules, name)))
-    if config.arch == "transformer":
+    arch = archs.get(config.arch)
+    if arch.layer_class is None:  # Megatron's own layer (the Transformer)
         return ModuleSpec(module=spec.module, params=spec.params, submodules=layer)
-    unfused_input_norm = False
-    if config.uses_value_residual:
-        module = ValueResidualTransformerLayer
-        attention.module = ValueResidualSelfAttention
-        # the separate gate reads the normalised x; the fused one is part of the fused norm + QKV linear
-        unfused_input_norm = config.arch == "satformer" and not config.fused_value_residual_gate
-        if unfused_input_norm and config.value_residual_gate_impl == "fused":
-            warnings.warn("SATFormer's fused gate needs num_query_groups divisible by the TP size and no QKV bias: "
-                          "this model runs the separate gate (--value-residual-gate-impl separate)", stacklevel=2)
-    elif config.arch == "muddformer":
-        module = MUDDFormerLayer
-        attention.module = MultiInputSelfAttention
-        unfused_input_norm = True  # Q, K and V inputs have norms of their own
-    elif config.arch == "denseformer":
-        module = DenseFormerLayer
-    elif config.arch == "hyperconnections":
-        module = HyperConnectionsLayer
-    else:
-        raise ValueError(f"no layer spec for arch {config.arch!r}")
+    module = resolve(arch.layer_class)
+    if arch.attention_class is not None:
+        attention.module = resolve(arch.attention_class)
+    # the separate gate reads the normalised x; the fused one is part of the fused norm + QKV linear
+    unfused_input_norm = arch.unfused_input_norm(config)
+    if arch.gated and unfused_input_norm and config.value_residual_gate_impl == "fused":
+        warnings.warn("SATFormer's fused gate needs num_query_groups divisible by the TP size and no QKV bias: "
+                      "this model runs the separate gate (--value-residual-gate-impl separate)", stacklevel=2)
     if backend == "te":
         # Transformer Engine: optional, GPU only (HAVE_TE above); this module of megatron-core imports it
         from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider

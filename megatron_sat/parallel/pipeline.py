@@ -14,6 +14,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.process_groups_config import ProcessGroupCollection
 
+from megatron_sat import archs
 from megatron_sat.model import dense_transport, v1_transport
 from megatron_sat.model.v1_transport import WideP2PCommunicator
 
@@ -26,11 +27,10 @@ def _process_groups() -> ProcessGroupCollection:
 
 def extra_wire_channels(config, tp_size: int) -> int:
     """Channels the arch adds to Megatron's [s', b, h] pipeline message."""
-    if config.arch == "hyperconnections":
-        return (config.hc_expansion_rate - 1) * config.hidden_size
-    if config.is_dense:
+    if config.is_dense:  # the history, padded to the widest boundary
         return dense_transport.wire_width(config)
-    return v1_transport.wire_width(config, tp_size)
+    # the arch's own channels (Hyper-Connections' other streams), V1 of a value-residual arch
+    return archs.get(config.arch).wire_channels(config, 0) + v1_transport.wire_width(config, tp_size)
 
 
 def forward_backward(model, config, *, forward_step_func, data_iterator, num_microbatches,

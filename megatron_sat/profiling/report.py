@@ -26,14 +26,16 @@ import json
 import os
 import statistics
 
+from megatron_sat import archs
+
 MIB = 2 ** 20
 RATIO_KEYS = ("step_s_median", "step_s_min", "step_cpu_s_median", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu",
               "flops_per_token", "gpu_peak_allocated_mib", "gpu_peak_reserved_mib", "max_rss_mib",
               "rss_above_start_mib", "saved_activation_mib", "pipeline_bytes_per_microbatch", "params")
 
 
-# the paper's 760M figures for SATFormer against two baselines: (throughput x, memory saving)
-PAPER_SATFORMER_VS = {"hyperconnections": (1.75, 0.31), "muddformer": (1.82, 0.05)}
+# the paper's 760M figures for SATFormer against two baselines: (throughput x, memory saving), from the arch modules
+PAPER_SATFORMER_VS = {a: archs.get(a).paper_satformer_vs for a in archs.ARCHS if archs.get(a).paper_satformer_vs}
 
 
 def merge_runs(records: list) -> dict:
@@ -60,7 +62,7 @@ def _mib(x):
     return None if x is None else x / MIB
 
 
-def summarize(raw: dict, settings: dict, peak_flops=None, baseline: str = "transformer") -> list:
+def summarize(raw: dict, settings: dict, peak_flops=None, baseline: str = archs.REFERENCE) -> list:
     """One row per arch (in the order of settings['archs']) with the figures and their baseline ratios."""
     tokens = settings["global_batch_size"] * settings["seq_length"]
     world = settings["world_size"]
@@ -96,7 +98,7 @@ def summarize(raw: dict, settings: dict, peak_flops=None, baseline: str = "trans
         for key in RATIO_KEYS:
             a, b = row.get(key), (base or {}).get(key)
             row[f"{key}_ratio"] = a / b if a is not None and b else None
-    sat = next((row for row in rows if row["arch"] == "satformer"), None)
+    sat = next((row for row in rows if row["arch"] == archs.SUBJECT), None)
     if sat is not None:
         mem = _memory_key(rows)
         for row in rows:
@@ -158,7 +160,7 @@ def format_table(rows: list) -> str:
     if "satformer_speedup" in rows[0] and len(rows) > 1:  # the paper's claims are SATFormer vs a baseline
         lines += ["", f"{'satformer vs':<{w}} {'tok/s x':>8} {f'{mem_name} saved':>17}   paper (760M)"]
         for r in rows:
-            if r["arch"] == "satformer":
+            if r["arch"] == archs.SUBJECT:
                 continue
             paper = PAPER_SATFORMER_VS.get(r["arch"])
             saving = r["satformer_memory_saving"]

@@ -22,6 +22,7 @@ import os
 from typing import List, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
+from megatron_sat import archs
 from megatron_sat.archs import arch_label, arch_label_errors
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.layout import validate
@@ -30,8 +31,8 @@ from megatron_sat.training.argument_checks import arch_flag_errors, world_errors
 from megatron_sat.training.arguments import resolve_layers
 from megatron_sat.training.setup import model_config, precision_and_layout
 
-ALIASES = {"hyper_connections": "hyperconnections", "hyper-connections": "hyperconnections", "hc": "hyperconnections",
-           "mudd": "muddformer", "dwa": "denseformer"}  # other spellings of the baselines, for a hint
+# other spellings of the archs (the baselines'), for a hint: each arch module's aliases
+ALIASES = {alias: a for a in archs.ARCHS for alias in archs.get(a).aliases}
 SHAPE_KEYS = model_args.SHAPE  # the model's size (model/args.py)
 # the tool's flags that set a trainer argument: tool dest -> trainer dest
 TRAINER_FLAGS = dict({k: k for k in SHAPE_KEYS + ("seq_length", "micro_batch_size", "global_batch_size", "vocab_size",
@@ -72,7 +73,7 @@ def trainer_args(options: argparse.Namespace) -> Tuple[argparse.Namespace, str]:
         # a size names no arch, which the trainer requires without a recipe: the transformer's arguments (each
         # profiled arch then sets its own, as with a recipe)
         flags = [w for k, v in given.items() for w in (f"--{k.replace('_', '-')}", str(v))] + [
-            "--train-iters", "1", "--arch", "transformer"]
+            "--train-iters", "1", "--arch", archs.REFERENCE]
     resolution = resolve_layers(recipe, flags)  # ValueError: an unknown recipe, an unreadable config file, no shape
     args = resolution.args
     if given is None:  # what the recipe and the config file set (the profiler's defaults fill the rest)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from megatron_sat import compat
-from megatron_sat.archs import arch_label
+from megatron_sat.archs import REFERENCE, SUBJECT, arch_label
 from megatron_sat.model.config import make_config
 from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
 from megatron_sat.model.gpt import build_model
@@ -132,7 +132,7 @@ def run(archs, sizes: dict, *, seq_length: int, micro_batch_size: int, vocab_siz
     return results
 
 
-def summarize(results: dict, baseline: str = "transformer") -> list:
+def summarize(results: dict, baseline: str = REFERENCE) -> list:
     """Rows with median/min step time, memory and ratios to the baseline arch (and SATFormer's speed-up and
     memory saving against each arch when SATFormer is benchmarked)."""
     base = results.get(baseline)
@@ -149,7 +149,7 @@ def summarize(results: dict, baseline: str = "transformer") -> list:
             row["time_ratio"] = med / statistics.median(base.step_s)
             row["activation_ratio"] = r.activation_bytes / base.activation_bytes
             row["peak_ratio"] = r.peak_bytes / base.peak_bytes if base.peak_bytes else None
-        sat = results.get("satformer")
+        sat = results.get(SUBJECT)
         if sat is not None:  # the paper's claims are SATFormer vs a baseline: its speed-up and memory saving
             row["satformer_speedup"] = med / statistics.median(sat.step_s)
             row["satformer_activation_saving"] = 1 - sat.activation_bytes / r.activation_bytes

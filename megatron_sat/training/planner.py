@@ -89,6 +89,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
+from megatron_sat import archs
 from megatron_sat.archs import ffn_size
 from megatron_sat.model.args import LAYER_PARTS, chunk_parameters, layer_parameters
 from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
@@ -367,45 +368,16 @@ def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, a
                       first_in_chunk: bool, recompute: Optional[str]) -> float:
     """Bytes global layer `layer` of a baseline keeps for backward beyond the block's, one micro-batch
     (module docstring, "connections")."""
-    h, L = cfg.hidden_size, cfg.num_layers
-    u = act * s * b * h / sp_div  # one [s, b, h]
-    x = act * s * b / sp_div  # one value per token
-    stat = 4 * s * b / sp_div  # a norm's fp32 1/rms per token
-    # the local backend's RMSNorm also keeps its fp32 x * rsqrt (4 bytes a value; measured: 6 with bf16 activations)
-    local_norm = (8 - act) * s * b * h / sp_div
-    if cfg.arch == "denseformer":
-        return u  # X_i
-    if cfg.arch == "muddformer":
-        k, C = layer + 1, (1 if layer == L else 4)
-        a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
-        norms = 2 + C  # key and value input norms, post-norms (the pre-norms of X_0..X_i are recomputed)
-        out = 3 * act * s * b * h - u  # Q, K, V inputs [s, b, h], gathered under SP
-        out += 0 if first_in_chunk else 3 * u  # X^Q, X^K, X^V [s, b, h]
-        out += (1 + C) * u + 3 * C * k * x  # rms(X_i), C sums; W1 out, GELU out, dw [s, b, C*k]
-        out += act * (a + 2 * g) * d * h / t  # Q, K, V weight slices
-        out += u if layer == L else 0  # R stream, the final norm's input
-        return out + (norms + 1) * stat + (norms * local_norm if local else 0)
-    if cfg.arch == "hyperconnections":
-        n = cfg.hc_expansion_rate
-        if recompute == "full":
-            return 0.0 if layer == 1 else (n - 1) * u  # the checkpointed input is [s, b, n*h]
-        out = 4 * n * u - ((n - 1) * u if layer == 1 else 0) + 2 * u  # H, mixes; sublayer outputs y
-        if cfg.hc_dynamic:  # per sublayer: normed H [s, b, n*h], alpha/tanh [s, b, n, n+1], beta/tanh [s, b, n]
-            out += 2 * (n * u + n * (2 * n + 4) * x + n * stat + (n * local_norm if local else 0))
-        return out
-    return 0.0
+    return archs.get(cfg.arch).connection_bytes(cfg, layer, s=s, b=b, t=t, sp_div=sp_div, act=act, local=local,
+                                                first_in_chunk=first_in_chunk, recompute=recompute)
 
 
 def _wire_channels(cfg, chunk_layers: List[range]) -> int:
     """Channels a baseline adds to the pipeline message (parallel/pipeline.py extra_wire_channels)."""
     if len(chunk_layers) == 1:
         return 0
-    if cfg.arch == "hyperconnections":
-        return (cfg.hc_expansion_rate - 1) * cfg.hidden_size
-    if cfg.is_dense:  # padded to the widest boundary: before the last chunk (model/dense_transport.py)
-        streams = 3 if cfg.arch == "muddformer" else 0
-        return (streams + chunk_layers[-1][0]) * cfg.hidden_size
-    return 0
+    # dense archs: padded to the widest boundary, before the last chunk (model/dense_transport.py)
+    return archs.get(cfg.arch).wire_channels(cfg, chunk_layers[-1][0])
 
 
 def _v1_wire_channels(cfg, t: int, sp: bool) -> int:
@@ -448,7 +420,7 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
     sp_div = t if layout.sp else 1
     if cfg.is_dense and recompute == "full":
-        recompute = "selective"  # these archs refuse full recompute (megatron_sat/archs.py)
+        recompute = "selective"  # these archs refuse full recompute (their modules, megatron_sat/archs/: Arch.errors)
     emb = vocab_size * h / t
     # bytes per parameter: weights, fp32 grad buffer, optimizer (fp32 master + Adam m, v; no master in fp32)
     w_bytes, g_bytes, o_bytes = (2, 4, 12) if bf16 else (4, 4, 8)
@@ -473,11 +445,9 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
     scores = 2.5 * act * a * s * s * b / t  # 5as^2b in bf16
     if backend == "local":  # the CPU's flash SDPA keeps its own output and the fp32 log-sum-exp, not the scores
         scores = act * s * b * a * d / t + 4 * s * b * a / t
-    extra = act * s * b * g / t if cfg.arch == "satformer" else 0.0
-
-    from megatron_sat.model import fused_gate  # torch (1 s): not at import (see make_plan)
-
-    fused = cfg.arch == "satformer" and fused_gate.applies(cfg, t)
+    arch = archs.get(cfg.arch)
+    extra = arch.activation_extra(cfg, s=s, b=b, t=t, act=act)
+    fused = arch.fused_gate(cfg, t)
 
     def block(layer: int, with_scores: bool) -> float:  # one layer's saved bytes, the Transformer block's part
         mlp = norm(sbh / sp_div, s * b / sp_div) + act * (sbh / sp_div + swiglu * s * b * ffn_size(cfg, layer) / t)
@@ -534,7 +504,7 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
         gib["total"] = sum(gib.values())
         gib["in_flight"] = round(in_flight, 2)
         # V1 is kept once per micro-batch (SATFormer: inside layer 1's QKV output on the stage that holds layer 1)
-        v1_kept = 0.0 if cfg.arch == "satformer" and 1 in layers else v1
+        v1_kept = 0.0 if arch.v1_kept_on_first_layer() and 1 in layers else v1
         per_micro = (kept + (last_stage_act if stage == pp - 1 else 0.0) + v1_kept
                      + sum(connections(i, i == chunk_layers[c][0], recompute) for c in mine for i in chunk_layers[c]))
         out.append(dict(stage=stage, params=params, total=total, gib=gib, in_flight=in_flight,

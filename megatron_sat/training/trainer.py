@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from megatron_sat import compat
+from megatron_sat import archs, compat
 from megatron_sat.data.checks import DataError
 from megatron_sat.model.args import record as model_record
 from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
@@ -306,7 +306,7 @@ class Loop:
         log(f"megatron-sat: {args.arch}, {num_params:,} parameters, {layout.describe(setup.world)}, "
             f"{setup.num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "
             f"{'bf16' if setup.bf16 else 'fp16' if args.fp16 else 'fp32'} on {setup.world} x {compat.device().type}")
-        self.gates = GateTelemetry(self.chunks, config.num_layers, compat.device()) if args.arch == "satformer" else None
+        self.gates = GateTelemetry(self.chunks, config.num_layers, compat.device()) if archs.get(args.arch).gated else None
         self.saver = ckpt.Saver(args.save, self.chunks, self.optimizer, self.scheduler, async_save=args.async_save,
                                 retain_interval=args.save_retain_interval, log=log,
                                 debug_delay_s=args.debug_save_delay, debug_fail_at=args.debug_fail_save_at)

@@ -1,9 +1,11 @@
-"""The architectures, and what each one carries and refuses: the one place these facts are written.
+"""The architectures: one module per arch in this package, each an `Arch` (base.py: every hook the model, the
+planner, FLOPs, the conversion and the tools ask), and the registry (registry.py: register, get, names).
 
-Imports nothing heavy (no torch, no megatron), so argument parsing, recipes, the planner, the Slurm
-tools and the model config all read the same facts:
+Imports nothing heavy (no torch, no megatron), so argument parsing, recipes, the planner, the Slurm tools and the
+model config all read the same facts:
 
-    ARCHS               every arch the project trains
+    ARCHS               every arch of this package: the paper's six, then any other module here
+    get(name)           an arch's Arch; names(): every registered arch (with those of MSAT_ARCH_MODULES)
     VALUE_RESIDUAL      carry layer 1's values V1 to later layers (ResFormer, SATFormer)
     DENSE               carry every earlier layer's output (DenseFormer, MUDDFormer): no full recompute
     BASELINES           the paper's dense-connection baselines: BF16 only (no FP8)
@@ -16,14 +18,36 @@ tools and the model config all read the same facts:
                         FLOPs, the planner and the HF conversion
     arch_errors(...)    what an arch refuses, one line each: the trainer's flags and the model config both
                         check these, the messages naming the flag or the config field
+
+A new arch is one module: docs/architectures.md ("Bring your own arch").
 """
 
+import importlib
+import pkgutil
+from types import SimpleNamespace
 from typing import Dict, List, Optional, Tuple
 
-ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
-VALUE_RESIDUAL = ("resformer", "satformer")
-DENSE = ("denseformer", "muddformer")
-BASELINES = ("denseformer", "muddformer", "hyperconnections")
+from megatron_sat.archs.base import Arch
+from megatron_sat.archs.registry import get, known, names, register, registered
+
+PAPER_ARCHS = ("transformer", "resformer", "satformer", "denseformer", "muddformer", "hyperconnections")
+_NOT_ARCHS = ("base", "registry", "value_residual", "dense")  # the modules of shared parts
+
+
+def _import_package_archs() -> None:
+    """Import the paper's six in their order, then every other arch module of this package."""
+    others = sorted(info.name for info in pkgutil.iter_modules(__path__)
+                    if info.name not in PAPER_ARCHS + _NOT_ARCHS)
+    for name in PAPER_ARCHS + tuple(others):
+        importlib.import_module(f"{__name__}.{name}")
+
+
+_import_package_archs()
+
+ARCHS = registered()  # before any user module (MSAT_ARCH_MODULES) is imported
+VALUE_RESIDUAL = tuple(a for a in ARCHS if get(a).value_residual)
+DENSE = tuple(a for a in ARCHS if get(a).dense)
+BASELINES = tuple(a for a in ARCHS if get(a).baseline)
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 RESFORMER_LAMBDAS = ("learned", "fixed")
 GATE_IMPLS = ("fused", "separate")  # megatron_sat.model.attention; same function, same checkpoints
@@ -31,12 +55,18 @@ OUTPUT_LAYER_INITS = ("scaled", "unscaled")  # Megatron's std / sqrt(2L) for out
 LOCAL_ATTENTION = ("sdpa", "dot_product")  # the local backend's core attention: torch SDPA, or Megatron's baddbmm
 WEIGHT_DECAY_PARAMS = ("matrices", "all")     # Megatron's rule (no decay on 1-D tensors and biases), or every tensor
 
+SUBJECT = "satformer"  # the paper's arch: the profilers' "satformer vs" comparisons
+REFERENCE = "transformer"  # the baseline the profilers' ratios and the parameter counts divide by
+PAPER_REFERENCES = ("transformer", "resformer")  # the archs the paper reports loss differences to
+
+__all__ = ["Arch", "get", "known", "names", "register", "ARCHS", "PAPER_ARCHS"]
+
 
 # label suffixes for profiling one arch two ways in one run (tools/benchmark_step.py, tools/profile_throughput.py):
-# variant -> (the arch it applies to, None = any; the SATConfig fields it sets)
+# variant -> (the archs it applies to: 'gated' = those with SATFormer's gate, None = any; the SATConfig fields it sets)
 ARCH_VARIANTS = {
-    "separate": ("satformer", {"value_residual_gate_impl": "separate"}),  # W_alpha as its own GEMM
-    "fused": ("satformer", {"value_residual_gate_impl": "fused"}),  # W_alpha's rows inside linear_qkv
+    "separate": ("gated", {"value_residual_gate_impl": "separate"}),  # W_alpha as its own GEMM
+    "fused": ("gated", {"value_residual_gate_impl": "fused"}),  # W_alpha's rows inside linear_qkv
     "dot_product": (None, {"local_attention": "dot_product"}),  # Megatron's DotProductAttention, not torch SDPA
 }
 
@@ -46,7 +76,7 @@ def arch_label(label: str) -> Tuple[str, Dict[str, str]]:
     accepted forms otherwise."""
     arch, colon, variant = label.partition(":")
     applies_to, fields = ARCH_VARIANTS.get(variant, ("", {}))
-    if arch not in ARCHS or colon and applies_to not in (None, arch):
+    if not known(arch) or colon and not (applies_to is None or applies_to == "gated" and get(arch).gated):
         raise ValueError(f"unknown arch label {label!r}; use one of {', '.join(ARCHS)}, ARCH:dot_product (Megatron's "
                          f"DotProductAttention), or satformer:IMPL with IMPL one of {', '.join(GATE_IMPLS)} (the "
                          "SATFormer gate's implementation)")
@@ -67,22 +97,13 @@ def arch_label_errors(labels) -> List[str]:
 def mixing_layers(config) -> List[int]:
     """1-based numbers of the layers that mix V1 in a model described by SATConfig's field names: layers 2..L, or
     the last k with value_residual_last_k = k; none for an arch without a value residual (layer 1 produces V1)."""
-    if config.arch not in VALUE_RESIDUAL:
-        return []
-    k = config.value_residual_last_k
-    return list(range(2 if k is None else config.num_layers - k + 1, config.num_layers + 1))
+    return get(config.arch).mixing_layers(config)
 
 
 def ffn_size(config, layer_number: int) -> int:
     """FFN width of 1-based layer_number in a model described by SATConfig's field names (a SATConfig, the HF
-    conversion's ModelSpec): ffn_hidden_size, except MUDDFormer's with param_realloc, which grows from 0.5x at
-    layer 1 to 1.5x at layer L of it, rounded to the nearest multiple of 256 and at least 256, as the authors'
-    code does at every size (so that an export computes what their MUDDFormer code computes)."""
-    base, num_layers = config.ffn_hidden_size, config.num_layers
-    if config.arch != "muddformer" or not config.muddformer_param_realloc or num_layers == 1:
-        return base
-    scale = (0.5 * (num_layers - layer_number) + 1.5 * (layer_number - 1)) / (num_layers - 1)
-    return max(256, (int(round(scale * base)) + 127) // 256 * 256)
+    conversion's ModelSpec): ffn_hidden_size, except where the arch varies it (MUDDFormer's param_realloc)."""
+    return get(config.arch).ffn_size(config, layer_number)
 
 
 # how a message names a setting: the trainer's flags (--value-residual-gate) or SATConfig's fields
@@ -108,20 +129,15 @@ def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: 
     def setting(field: str, value: str) -> str:
         return f"{name(field)}={value!r}" if spelling == "fields" else f"{name(field)} {value}"
 
-    if arch not in ARCHS:
-        return [f"unknown {name('arch')} {arch!r}; choose one of {', '.join(ARCHS)}"]
+    if not known(arch):
+        return [f"unknown {name('arch')} {arch!r}; choose one of {', '.join(names())}"]
     errors = []
     for field, value, choices in (("value_residual_gate", value_residual_gate, GATES),
                                   ("value_residual_gate_impl", value_residual_gate_impl, GATE_IMPLS),
                                   ("resformer_lambdas", resformer_lambdas, RESFORMER_LAMBDAS)):
         if value not in choices:
             errors.append(f"unknown {name(field)} {value!r}; choose one of {', '.join(choices)}")
-    if arch in BASELINES and fp8:
-        errors.append(f"{name('fp8')} is not supported for the {arch} baseline (BF16 only)")
-    if arch in DENSE and recompute_granularity == "full":
-        errors.append(f"{setting('recompute_granularity', 'full')} is not supported for {setting('arch', arch)}: "
-                      f"arch {arch!r} carries every earlier layer's output from layer to layer, which full activation "
-                      f"recompute cannot checkpoint; use {setting('recompute_granularity', 'selective')}")
-    if arch == "hyperconnections" and hc_expansion_rate < 1:
-        errors.append(f"{name('hc_expansion_rate')} must be >= 1 (got {hc_expansion_rate})")
-    return errors
+    model = SimpleNamespace(fp8=fp8, recompute_granularity=recompute_granularity, hc_expansion_rate=hc_expansion_rate,
+                            value_residual_gate=value_residual_gate, resformer_lambdas=resformer_lambdas,
+                            value_residual_gate_impl=value_residual_gate_impl)
+    return errors + get(arch).errors(model, name, setting)

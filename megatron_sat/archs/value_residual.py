@@ -1,0 +1,26 @@
+"""What ResFormer and SATFormer share: layer 1's values V1 carried to the mixing layers (the layer and attention
+classes of model/layer.py and model/attention.py, V1 on the pipeline wire), and their remote code."""
+
+from megatron_sat.archs.base import Arch
+
+
+class ValueResidual(Arch):
+    value_residual = True
+    tags = ("value-residual",)
+    layer_class = "megatron_sat.model.layer:ValueResidualTransformerLayer"
+    attention_class = "megatron_sat.model.attention:ValueResidualSelfAttention"
+    hf_code = (("layers.py", "layers.py"), ("configuration_valueresidual.py", "configuration_{arch}.py"),
+               ("modeling_valueresidual.py", "modeling_{arch}.py"))
+    hf_code_rewrites = (("from .configuration_valueresidual import", "from .configuration_{arch} import"),)
+
+    def mixing_layers(self, model):
+        """Layers 2..L, or the last k with value_residual_last_k = k (layer 1 produces V1)."""
+        k = model.value_residual_last_k
+        return list(range(2 if k is None else model.num_layers - k + 1, model.num_layers + 1))
+
+    def hf_config(self, spec, decoder, remote) -> dict:
+        return dict(remote, use_value_residual=True, value_residual_last_k=spec.value_residual_last_k)
+
+    def hf_extra_fields(self, cfg, need) -> dict:
+        need(cfg.get("use_value_residual", True), "use_value_residual=False (export it as a Transformer instead)")
+        return {}
