@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_sat import archs
 from megatron_sat.archs import ARCHS
 from megatron_sat.model.args import model_args
 from megatron_sat.model.sizes import PAPER_SCALES
@@ -27,7 +28,8 @@ from megatron_sat.profiling.steptime import cluster, layout_from_args, predict_s
 from megatron_sat.profiling.steptime.published import replace_block
 from megatron_sat.training.planner import default_cluster, resolve_args
 
-PAPER_CLAIMS = {"hyperconnections": 1.75, "muddformer": 1.82}  # SATFormer's throughput over the baseline's, 760M
+# SATFormer's throughput over each baseline's at 760M, as the paper reports it (the arch modules' paper_satformer_vs)
+PAPER_CLAIMS = {a: archs.get(a).paper_satformer_vs[0] for a in ARCHS if archs.get(a).paper_satformer_vs}
 GOAL = 1.02  # SATFormer's step time over the Transformer's on a GPU (the project's goal)
 
 
@@ -41,14 +43,14 @@ def rows_for(scale: str, gpu=None, nodes=None) -> list:
     for arch in ARCHS:
         args = resolve_args(f"{arch}_{scale}")
         p = predict_step(model_args(args), layout, cl, seq_length=args.seq_length, vocab_size=args.vocab_size)
-        if arch == "transformer":
+        if arch == archs.REFERENCE:
             ref = p
         extra = {k: v - ref.breakdown.get(k, 0.0) for k, v in p.breakdown.items()}
         top = sorted(((k, v) for k, v in extra.items() if v > 1e-4), key=lambda kv: -kv[1])[:3]
         out.append(dict(scale=scale, arch=arch, cluster=str(cl), layout=str(layout), step_time_s=p.step_time_s,
                         mfu=p.mfu, tflops_per_gpu=p.tflops_per_gpu, vs_transformer=p.step_time_s / ref.step_time_s,
                         extra_ms={k: round(1e3 * v, 1) for k, v in top}))
-    sat = next(r for r in out if r["arch"] == "satformer")
+    sat = next(r for r in out if r["arch"] == archs.SUBJECT)
     for r in out:
         r["satformer_speedup"] = r["step_time_s"] / sat["step_time_s"]
     return out
@@ -59,7 +61,7 @@ def markdown(rows: list) -> str:
              "| what makes the difference (extra ms a step) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         claim = PAPER_CLAIMS.get(r["arch"]) if r["scale"] == "760M" else None
-        goal = f"goal <= {GOAL}" if r["arch"] == "satformer" else ""
+        goal = f"goal <= {GOAL}" if r["arch"] == archs.SUBJECT else ""
         diff = ", ".join(f"{k} {v:g}" for k, v in r["extra_ms"].items()) or "-"
         lines.append(f"| {r['scale']} | {r['arch']} | {r['step_time_s']:.3f} | {100 * r['mfu']:.1f}% | "
                      f"{r['vs_transformer']:.3f} {goal} | {r['satformer_speedup']:.2f}x | "
@@ -99,7 +101,7 @@ def main() -> int:
             claim = PAPER_CLAIMS.get(r["arch"]) if r["scale"] == "760M" else None
             print(f"{r['scale']:>5} {r['arch']:<17} {r['layout']} on {r['cluster']}: step {r['step_time_s']:.3f} s, "
                   f"MFU {100 * r['mfu']:.1f}%, x{r['vs_transformer']:.3f} the Transformer's"
-                  + (f" (goal <= {GOAL})" if r["arch"] == "satformer" else "")
+                  + (f" (goal <= {GOAL})" if r["arch"] == archs.SUBJECT else "")
                   + f", SATFormer {r['satformer_speedup']:.2f}x its throughput"
                   + (f" (paper: {claim}x)" if claim else "")
                   + ("; extra ms: " + ", ".join(f"{k} {v:g}" for k, v in r["extra_ms"].items()) if r["extra_ms"] else ""))

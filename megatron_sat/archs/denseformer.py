@@ -39,5 +39,13 @@ class DenseFormer(Dense):
         return [(f"decoder.layers.{i}.dwa_weights", f"model.dwa_modules.alphas.{i}.weight", (i + 2,), (1, i + 2))
                 for i in range(spec.num_layers)]
 
+    def step_ops(self, model, layer, ctx):
+        """The depth-weighted average after layer i over k = i + 1 outputs X_0..X_i: reads k h, writes h; backward
+        reads the gradient and the k inputs and accumulates k gradients ((1 + 3k) h)."""
+        k, u = layer + 1, ctx.sp_tokens * model.hidden_size * ctx.act_bytes
+        name = "denseformer weighted sum"
+        return ctx.layer(ops=[ctx.memory(name, (k + 1) * u, group=name, bwd_bytes=(1 + 3 * k) * u)])
+
+
 
 ARCH = register(DenseFormer())

@@ -94,5 +94,23 @@ class HyperConnections(Arch):
                         for name, shape in hc_shapes(spec).items()]
         return out
 
+    def step_ops(self, model, layer, ctx):
+        """n streams, per sublayer (two a layer): dynamic weights from the normed streams ([n h] norm: 2 n h;
+        [h -> n + 2] GEMM over T n rows), the width mix (reads n h, writes (n + 1) h) and the depth update (reads
+        n h + h, writes n h); layer L sums the streams ((n + 1) h). These replace the block's residual adds."""
+        h, n = model.hidden_size, model.hc_expansion_rate
+        u = ctx.sp_tokens * h * ctx.act_bytes
+        ops = []
+        for sub in ("attention", "mlp"):
+            if model.hc_dynamic:
+                ops += [ctx.memory(f"hc {sub} stream norm", 2 * n * u, group="hc stream norms"),
+                        ctx.gemm(f"hc {sub} dynamic weights", ctx.sp_tokens * n, n + 2, h, group="hc dynamic weights")]
+            ops += [ctx.memory(f"hc {sub} width mix", (2 * n + 1) * u, group="hc width mix"),
+                    ctx.memory(f"hc {sub} depth update", (2 * n + 1) * u, group="hc depth update")]
+        if layer == model.num_layers:
+            ops.append(ctx.memory("hc stream sum", (n + 1) * u, group="hc width mix"))
+        return ctx.layer(ops=ops, replaces_residual=True)
+
+
 
 ARCH = register(HyperConnections())

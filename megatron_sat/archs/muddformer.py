@@ -103,5 +103,22 @@ class MUDDFormer(Dense):
             out += [(d + f"post_norms.{c}.weight", da + f"post_da_norms.{c}.weight", (h,), (h,)) for c in range(C)]
         return out
 
+    def step_ops(self, model, layer, ctx):
+        """C = 4 ways out (1 at layer L), k = i + 1 inputs: the dynamic weights' [h -> Ck] and [Ck -> Ck] GEMMs,
+        pre-norm reads of X_0..X_i (2k h), C weighted sums (C (k + 1) h), the key and value input norms and C
+        post-norms (2 (2 + C) h); the FFN is the layer's own width (param_realloc, ffn_size)."""
+        h, k = model.hidden_size, layer + 1
+        c = 1 if layer == model.num_layers else 4
+        u = ctx.sp_tokens * h * ctx.act_bytes
+        return ctx.layer(ops=[
+            ctx.gemm("muddformer dynamic weights W1", ctx.sp_tokens, c * k, h, group="muddformer dynamic weights W1"),
+            ctx.gemm("muddformer dynamic weights W2", ctx.sp_tokens, c * k, c * k,
+                     group="muddformer dynamic weights W2"),
+            ctx.memory("muddformer pre-norms", 2 * k * u, group="muddformer pre-norms"),
+            ctx.memory("muddformer weighted sums", c * (k + 1) * u, group="muddformer weighted sums", count=c),
+            ctx.memory("muddformer norms", 2 * (2 + c) * u, group="muddformer norms", count=2 + c),
+        ])
+
+
 
 ARCH = register(MUDDFormer())

@@ -2,7 +2,7 @@
 authors' baseline, lambda1 = s softmax(logits) shared by the model, lambda2 per layer; 'fixed': 0.5 and 0.5)."""
 
 from megatron_sat.archs.registry import register
-from megatron_sat.archs.value_residual import ValueResidual
+from megatron_sat.archs.value_residual import ValueResidual, value_mix
 
 
 class ResFormer(ValueResidual):
@@ -45,6 +45,12 @@ class ResFormer(ValueResidual):
     def hf_extra_fields(self, cfg, need) -> dict:
         return dict(super().hf_extra_fields(cfg, need),
                     resformer_lambdas=cfg.get("megatron_sat_resformer_lambdas", "learned"))
+
+    def step_ops(self, model, layer, ctx):
+        if layer not in model.mixing_layers:
+            return ctx.layer()
+        return ctx.layer(ops=[value_mix(model, ctx, "resformer lambda mix")])
+
 
 
 ARCH = register(ResFormer())

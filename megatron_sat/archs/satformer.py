@@ -3,7 +3,7 @@ model/attention.py); W_alpha's rows fused into linear_qkv by default (model/fuse
 multiple of 16 rows."""
 
 from megatron_sat.archs.registry import register
-from megatron_sat.archs.value_residual import ValueResidual
+from megatron_sat.archs.value_residual import ValueResidual, value_mix
 
 FUSED_ROW_MULTIPLE = 16  # each TP rank's fused linear_qkv width is padded to a multiple of this
 
@@ -69,6 +69,20 @@ class SATFormer(ValueResidual):
 
     def hf_extra_fields(self, cfg, need) -> dict:
         return dict(super().hf_extra_fields(cfg, need), value_residual_gate=cfg.get("value_residual_gate", "relu"))
+
+    def step_ops(self, model, layer, ctx):
+        """Mixing layers: the gate's ng rows inside linear_qkv (fused; separate: its own replicated [h, ng] GEMM), the
+        gate function and the mix alpha V1 + V in one kernel (value_mix; backward: model/fused_gate.py's fused
+        kernel). The fused layout's zero padding (under 16 rows a rank) is left out."""
+        if layer not in model.mixing_layers:
+            return ctx.layer()
+        ng, h = model.num_query_groups, model.hidden_size
+        fused = model.value_residual_gate_impl == "fused" and ng % ctx.tp == 0 and not model.add_bias_linear
+        mix = value_mix(model, ctx, "satformer gate + mix")
+        if fused:
+            return ctx.layer(ops=[mix], qkv_columns=ng)
+        return ctx.layer(ops=[ctx.gemm("satformer gate GEMM", ctx.tokens, ng, h, group="satformer gate GEMM"), mix])
+
 
 
 ARCH = register(SATFormer())

@@ -24,3 +24,10 @@ class ValueResidual(Arch):
     def hf_extra_fields(self, cfg, need) -> dict:
         need(cfg.get("use_value_residual", True), "use_value_residual=False (export it as a Transformer instead)")
         return {}
+
+
+def value_mix(model, ctx, name: str):
+    """The step-time operator of V' = l1 V1 + l2 V (ResFormer) or alpha V1 + V (SATFormer) in one kernel: reads V1
+    and V, writes V' (3 g d / t values a token); backward: the gradients of V1 (accumulated) and V (5 g d / t)."""
+    values = ctx.tokens * model.num_query_groups * model.kv_channels / ctx.tp
+    return ctx.memory(name, 3 * values * ctx.act_bytes, group=name, bwd_bytes=5 * values * ctx.act_bytes)

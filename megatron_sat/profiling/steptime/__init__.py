@@ -13,7 +13,7 @@ Modules (one job each):
     hardware.py    Hardware, Cluster, load_gpu, gpu_names, cluster("4x8xH100")
     roofline.py    operators (GEMM, flash attention, memory-bound) on a roofline with efficiency curves
     collectives.py ring / tree collectives and pipeline sends on intra- and inter-node links
-    arch_ops.py    what each arch adds to the Transformer block (one function per arch)
+    arch_ops.py    asks the arch modules (Arch.step_ops) what each adds to the Transformer block
     layer_costs.py a layer's and a stage's forward / backward costs, TP / CP communication, recompute
     schedule.py    the pipeline schedule simulated as Megatron-Core runs it (1F1B, interleaved)
     predict.py     Layout, StepPrediction, predict_step
