@@ -8,7 +8,7 @@ are a script (tools/check_steptime_cpu.py, docs/step_time.md), not a test.
 import pytest
 
 from megatron_sat.profiling.cpu_hardware import Measured, cpu_hardware, gemm_rates, model_shapes
-from megatron_sat.profiling.steptime import roofline
+from megatron_sat.steptime import roofline
 
 
 def _measured():

@@ -14,7 +14,7 @@ import ast
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAYER = {"archs": 0, "outputs": 0, "compat": 0, "model": 1, "parallel": 2, "data": 2, "training": 3,
+LAYER = {"archs": 0, "outputs": 0, "compat": 0, "model": 1, "parallel": 2, "data": 2, "steptime": 2, "training": 3,
          "recipes": 3, "profiling": 4, "conversion": 4, "analysis": 4, "sweep": 4, "train": 5}
 
 

@@ -1,4 +1,4 @@
-"""The step-time model (megatron_sat/profiling/steptime): its pieces against hand-computed cases, the pipeline
+"""The step-time model (megatron_sat/steptime): its pieces against hand-computed cases, the pipeline
 simulation against the closed-form bubble, and the docs' published-figure table against the model (so a change to
 the model updates docs/step_time.md with it). Unit tests, a few seconds; the model itself loads no torch."""
 
@@ -14,7 +14,7 @@ from megatron_sat import archs
 from megatron_sat.archs import ARCHS
 from megatron_sat.archs.base import Arch
 from megatron_sat.model.args import ModelArgs
-from megatron_sat.profiling.steptime import (
+from megatron_sat.steptime import (
     STEP_TIME_ERROR,
     Cluster,
     Layout,
@@ -25,8 +25,8 @@ from megatron_sat.profiling.steptime import (
     predict_step,
     roofline,
 )
-from megatron_sat.profiling.steptime.published import compare, format_table
-from megatron_sat.profiling.steptime.schedule import closed_form_bubble, simulate, stage_order
+from megatron_sat.steptime.published import compare, format_table
+from megatron_sat.steptime.schedule import closed_form_bubble, simulate, stage_order
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = load_gpu("H100")
@@ -208,7 +208,7 @@ def test_published_goal_holds_and_the_error_band_is_the_check_rows_error(publish
 
 
 def test_importing_the_model_loads_no_torch():
-    code = ("import sys; import megatron_sat.profiling.steptime as s; from megatron_sat.profiling.steptime import "
+    code = ("import sys; import megatron_sat.steptime as s; from megatron_sat.steptime import "
             "published; published.compare(published.H100_WEAK[:1]); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"

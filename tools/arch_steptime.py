@@ -24,8 +24,8 @@ from megatron_sat import archs
 from megatron_sat.archs import ARCHS
 from megatron_sat.model.args import model_args
 from megatron_sat.model.sizes import PAPER_SCALES
-from megatron_sat.profiling.steptime import cluster, layout_from_args, predict_step
-from megatron_sat.profiling.steptime.published import replace_block
+from megatron_sat.steptime import cluster, layout_from_args, predict_step
+from megatron_sat.steptime.published import replace_block
 from megatron_sat.training.planner import default_cluster, resolve_args
 
 # SATFormer's throughput over each baseline's at 760M, as the paper reports it (the arch modules' paper_satformer_vs)

@@ -6,7 +6,7 @@
     python tools/check_steptime.py --json
     python tools/check_steptime.py --update-docs  # rewrite docs/step_time.md's table (tests check they agree)
 
-Sources, the assumptions each row shares and which rows fit: megatron_sat/profiling/steptime/published.py.
+Sources, the assumptions each row shares and which rows fit: megatron_sat/steptime/published.py.
 Goal (issue 44): mean absolute error <= 10%, worst <= 20%. Exit 0 when the goal holds over all rows, 1 when not.
 """
 
@@ -17,8 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat.profiling.steptime import load_gpu
-from megatron_sat.profiling.steptime.published import (
+from megatron_sat.steptime import load_gpu
+from megatron_sat.steptime.published import (
     ASSUMPTION_TEXT,
     ROWS,
     compare,

@@ -9,7 +9,7 @@ predicted against measured with the error (goal: within 25%). About 3-5 minutes 
 Each rank runs one intra-op thread (OMP_NUM_THREADS=1) and is one "device" of the CPU description
 (megatron_sat/profiling/cpu_hardware.py: GEMM FLOP/s at the model's shapes, memory bandwidth, gloo all-reduce
 latency and bandwidth between two local processes, one op's dispatch time); the same step-time model as for GPUs
-(megatron_sat/profiling/steptime.predict_step) predicts each layout, nothing fitted per layout. Measured: the
+(megatron_sat/steptime.predict_step) predicts each layout, nothing fitted per layout. Measured: the
 median step_time_s of the logged windows after the first (warm-up) window in the run's metrics.jsonl, fp32,
 mock data, the local (Megatron-Core) layer implementation. On a shared machine the timings carry its load: say so.
 """
@@ -71,8 +71,8 @@ def _port() -> int:
 def predict(name: str, opts, hardware) -> object:
     """The step-time model's StepPrediction of layout `name` on one node of the layout's processes, each one
     measured CPU `hardware` (cpu_hardware.cpu_hardware)."""
+    from megatron_sat import steptime
     from megatron_sat.model.args import model_args
-    from megatron_sat.profiling import steptime
     from megatron_sat.training.planner import padded_vocab_size, resolve_args
 
     nproc, flags = LAYOUTS[name]

@@ -25,10 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_sat.model.args import ModelArgs
 from megatron_sat.model.sizes import PAPER_SCALES, PAPER_VOCAB
-from megatron_sat.profiling.steptime import Layout, cluster, gpu_names, load_gpu
-from megatron_sat.profiling.steptime.layer_costs import stage_costs
-from megatron_sat.profiling.steptime.roofline import gemm_time
-from megatron_sat.training.planner import _chunk_layers
+from megatron_sat.model.wire import chunk_layers
+from megatron_sat.steptime import Layout, cluster, gpu_names, load_gpu
+from megatron_sat.steptime.layer_costs import stage_costs
+from megatron_sat.steptime.roofline import gemm_time
 
 TOKENS = 4096  # one micro-batch of the paper's sequence length
 
@@ -58,7 +58,7 @@ def predicted_micro_batch(arch: str, sizes: dict, gpu: str, seq_length: int, mic
                           vocab_size: int) -> float:
     """Seconds of one micro-batch's forward + backward of `arch` on one `gpu` (the model's stage costs)."""
     model = ModelArgs(arch=arch, **sizes)
-    chunks = _chunk_layers(model.num_layers, 1)
+    chunks = chunk_layers(model.num_layers, 1)
     fwd, bwd = stage_costs(model, Layout(micro_batch_size=micro_batch_size), cluster(f"1x1x{gpu}"), seq_length,
                            vocab_size, chunks)
     return fwd[0][0].total + bwd[0][0].total

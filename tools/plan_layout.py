@@ -17,7 +17,7 @@ without a paper recipe: 1 node x 2 CPU processes); --cluster NODESxPERxGPU (e.g.
 Exit status 1 when a plan is invalid (a divisibility error, an inconsistent batch, or more memory than the GPU
 has); 2 for bad input (one line).
 
-GPU hours: the step-time model's predicted step at the plan's layout (megatron_sat/profiling/steptime) x steps x
+GPU hours: the step-time model's predicted step at the plan's layout (megatron_sat/steptime) x steps x
 GPUs, with the band of its error against published throughput; --mfu F replaces the prediction by an assumed MFU
 (FLOPs / (peak x F)), an explicit override for a GPU or a code path the model does not describe.
 
@@ -47,8 +47,7 @@ import warnings
 warnings.filterwarnings("ignore")  # megatron-core's import-time notes about absent Apex/TE
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_sat import archs
-from megatron_sat.profiling import steptime
+from megatron_sat import archs, steptime
 from megatron_sat.training.arguments import Parser, build_parser  # Parser: one-line refusals, as the trainer's
 from megatron_sat.training.config_file import explicit_dests
 from megatron_sat.training.planner import GPU_MEMORY_GIB, plan_recipe, resolve_args

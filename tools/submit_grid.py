@@ -25,7 +25,7 @@ installed package otherwise). Relative paths (runs, logs) are relative to the cu
 too. Scale `debug` maps to the tiny CPU recipes debug_<arch> (1 node, 2 processes).
 Entries, run-folder names, plans and sbatch arguments: megatron_sat/sweep/plan.py; manifests, sbatch calls and the
 sweep's record: megatron_sat/sweep/submit.py (this file parses and prints). GPU hours come from the step-time model's
-predicted step at each entry's layout (megatron_sat/profiling/steptime; the total with the model's error band);
+predicted step at each entry's layout (megatron_sat/steptime; the total with the model's error band);
 --mfu F replaces the prediction by an assumed MFU (FLOPs / (peak x F)) for every entry. A trainer
 flag after `--` may be --config FILE: every entry is resolved as the trainer resolves it (recipe < config file <
 flags), and --resolve prints the trainer's own step count (after --train-samples).

@@ -29,6 +29,7 @@ over the tensor-parallel group; sequence-parallel inputs padded to a multiple of
 every data-parallel replica scores every request (the trainer refuses PP > 1 and CP > 1 for --eval-tasks).
 """
 
+import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
@@ -135,7 +136,7 @@ class MegatronLM(TemplateLM):
                 model, tokenizer, seq_length = load_checkpoint_model(checkpoint, dtype, int(tensor_parallel),
                                                                      verify=verify_checkpoint)
             except ConversionError as e:
-                if "lm_eval._cli" in sys.modules:  # lm-eval's command line (lm_eval, megatron-sat-evaluate run):
+                if _on_command_line():  # lm-eval's command line (lm_eval, megatron-sat-evaluate run):
                     print(f"error: --model_args checkpoint={checkpoint}: {e}", file=sys.stderr)  # one line, not
                     raise SystemExit(2) from None  # lm-eval's traceback around it; from Python: the exception
                 raise
@@ -276,3 +277,12 @@ class MegatronLM(TemplateLM):
             out.append(postprocess_generated_text(self.tok_decode(tokens), until, None))
         return out
 
+
+def _on_command_line() -> bool:
+    """Whether lm-eval's command line runs this process (plain `lm_eval`, `python -m lm_eval`, or
+    megatron-sat-evaluate's lm-eval form), where a bad checkpoint is one line and exit 2; a Python caller (tools/
+    evaluate.py's own form, a notebook) gets the exception."""
+    cli = sys.modules.get("megatron_sat.analysis.lm_eval_cli")
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (getattr(cli, "RUNNING", False) or os.path.basename(sys.argv[0] or "") in ("lm_eval", "lm-eval")
+            or (main is not None and main.name.split(".")[0] == "lm_eval"))

@@ -18,6 +18,7 @@ from typing import List, Sequence
 from megatron_sat.analysis.evaluation import BUNDLED_TASKS
 from megatron_sat.analysis.lm_eval_registration import MODEL_ARGS, NAME, register
 
+RUNNING = False  # while run() executes lm-eval: the backend refuses a bad checkpoint in one line, not a traceback
 COMMANDS = ("run", "ls", "validate")  # lm-eval 0.4.13's subcommands; without one, lm-eval inserts `run`
 
 
@@ -70,7 +71,12 @@ def run(argv: Sequence[str]) -> int:
             print("error: --model megatron_sat needs --model_args checkpoint=RUN (a trainer run folder or an "
                   "iter_XXXXXXX folder), or --checkpoint RUN", file=sys.stderr)
             return 2
-    cli.execute(args)
+    global RUNNING
+    RUNNING = True
+    try:
+        cli.execute(args)
+    finally:
+        RUNNING = False
     return 0
 
 

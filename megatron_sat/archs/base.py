@@ -16,7 +16,7 @@ ModelSpec. The hooks, by reader:
     parameters  layer_parameters(model, layer, tp, parts), chunk_parameters(model) (model/args.py sums them)
     FLOPs       flops(cfg, out, tp): the arch's terms of model/flops.py's breakdown
     planner     connection_bytes(...), activation_extra(...), fused_gate(...) (training/planner.py)
-    step time   step_ops(model, layer, ctx): the operators the arch adds to a layer (profiling/steptime/)
+    step time   step_ops(model, layer, ctx): the operators the arch adds to a layer (steptime/)
     conversion  hf_model_type, hf_class, hf_config(spec, cfg), hf_spec_fields(cfg, need), hf_names(),
                 layer_extras(spec) (conversion/mapping.py); hf_code (conversion/hf_io.py)
     words       title (model card, figure legends), tags (model card), colour (sweep figures)
@@ -149,7 +149,7 @@ class Arch:
     # ---- the step-time model ---------------------------------------------------------------------------------
     def step_ops(self, model, layer: int, ctx):
         """What the arch adds to global layer `layer`'s operators for one micro-batch on one rank (the step-time
-        model, profiling/steptime/arch_ops.py): ctx.tokens (b s / CP, the GEMMs' rows), ctx.sp_tokens (/ TP under
+        model, steptime/arch_ops.py): ctx.tokens (b s / CP, the GEMMs' rows), ctx.sp_tokens (/ TP under
         sequence parallelism), ctx.tp and ctx.act_bytes size them; ctx.gemm(...) and ctx.memory(...) make the
         operators (forward; their backward is derived), and ctx.layer(ops, qkv_columns, replaces_residual) is the
         answer. Each operator's group names it in the breakdown. The Transformer adds nothing."""

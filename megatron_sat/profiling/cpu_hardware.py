@@ -181,8 +181,8 @@ def cpu_hardware(m: Measured, ranks: int = 2):
       links                   the measured gloo all-reduce: bandwidth of the ring's traffic, latency (one node: the
                               network is the same loopback)
       kernel_overhead_us      one op's dispatch; step_overhead_s 0."""
-    from megatron_sat.profiling import steptime  # torch-free; imported here so that measuring needs only torch
-    from megatron_sat.profiling.steptime import roofline
+    from megatron_sat import steptime  # torch-free; imported here so that measuring needs only torch
+    from megatron_sat.steptime import roofline
 
     unit = steptime.Hardware(
         name="cpu", peak_tflops={"fp32": 1.0}, hbm_gbps=m.mem_bw / 1e9, memory_gib=_host_memory_gib(), sm_count=1,

@@ -43,6 +43,7 @@ from megatron.core import parallel_state
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from megatron_sat import compat
+from megatron_sat.model import wire
 from megatron_sat.parallel.layout import destroy, initialize
 from megatron_sat.profiling.step_benchmark import SavedBytes
 from megatron_sat.training import planner  # looked up at call time: tests substitute a wrong planner figure
@@ -231,7 +232,7 @@ def _run_role(args, setup, plan, local_stages, world: int, rank: int, vocab_size
     initialize(layout, seed=args.seed)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     vpp = layout.vpp or 1
-    layers = planner._chunk_layers(config.num_layers, layout.pp * vpp)
+    layers = wire.chunk_layers(config.num_layers, layout.pp * vpp)
     report = RoleReport(rank=torch.distributed.get_rank(), pp_rank=pp_rank,
                         tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                         dp_rank=parallel_state.get_data_parallel_rank(),

@@ -126,7 +126,7 @@ def _total(rows: List[dict]) -> str:
     lo = sum((p.gpu_hours_band or (0, 0))[0] for p in plans)
     hi = sum((p.gpu_hours_band or (0, 0))[1] for p in plans)
     return (f"{len(rows)} run(s), {total:,.0f} GPU hours in all ({lo:,.0f}-{hi:,.0f}; predicted step times, "
-            "megatron_sat/profiling/steptime)")
+            "megatron_sat/steptime)")
 
 
 def table(rows: List[dict]) -> str:

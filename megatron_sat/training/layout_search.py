@@ -27,13 +27,13 @@ Held fixed: every one of these the user gives (on the command line or in a --con
 Memory: megatron_sat.training.planner.stage_estimates, the plan the dry run checks against real ranks, on its worst
 stage, against USABLE_FRACTION of the GPU's memory; with CP each rank holds seq / CP tokens of every activation
 (and, without recompute, (seq / CP) x seq attention scores, not (seq / CP)^2).
-Step time, MFU, tokens/s, bubble and exposed-communication shares: megatron_sat.profiling.steptime.predict_step.
+Step time, MFU, tokens/s, bubble and exposed-communication shares: megatron_sat.steptime.predict_step.
 """
 
 from dataclasses import dataclass, field, replace
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from megatron_sat.profiling import steptime
+from megatron_sat import steptime
 from megatron_sat.training import planner
 from megatron_sat.training.arguments import build_parser
 from megatron_sat.training.config_file import explicit_dests, read_config

@@ -79,7 +79,7 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                  block's 8sbf/t. Left out: MUDDFormer's stream gradients and the messages' gradients (one at a
                  time), and the Transformer's own [s, b, h] message, which Megatron keeps too.
   overhead       3 GiB (CUDA context, NCCL and cuBLAS workspaces).
-GPU time: the step-time model's predicted step (megatron_sat.profiling.steptime.predict_step: compute on the GPU's
+GPU time: the step-time model's predicted step (megatron_sat.steptime.predict_step: compute on the GPU's
 roofline, the layout's collectives, the pipeline schedule simulated) at the plan's layout x steps x GPUs, with the
 band of the model's error against published throughput (steptime's STEP_TIME_ERROR, docs/step_time.md); with an
 explicit MFU (mfu=, --mfu) instead: FLOPs per token (megatron_sat.model.flops, 3 x forward) x tokens / (peak x MFU).
@@ -89,11 +89,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import recipes  # the repository's recipes/ package (the paper grid registers itself on import)
-from megatron_sat import archs
+from megatron_sat import archs, steptime
 from megatron_sat.archs import ffn_size
 from megatron_sat.model.args import LAYER_PARTS, chunk_parameters, layer_parameters
 from megatron_sat.model.flops import PEAK_TFLOPS, flops_per_token
 from megatron_sat.model.sizes import count_parameters
+from megatron_sat.model.wire import chunk_layers, v1_wire_channels, wire_channels
 from megatron_sat.training.argument_checks import argument_errors
 from megatron_sat.training.arguments import recipe_args
 from recipes.paper import CLUSTERS, cluster
@@ -111,23 +112,18 @@ OVERHEAD_GIB = 3.0
 def step_time_error() -> float:
     """The relative band around GPU hours from predicted step times: the step-time model's error against the
     published figures (steptime.STEP_TIME_ERROR, docs/step_time.md)."""
-    from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
 
     return steptime.STEP_TIME_ERROR
 
 
 def known_gpus() -> List[str]:
     """GPU kinds a plan sizes memory for: GPU_MEMORY_GIB's and the step-time model's (gpus.json)."""
-    from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
-
     return list(GPU_MEMORY_GIB) + [g for g in steptime.gpu_names() if g not in GPU_MEMORY_GIB]
 
 
 def gpu_memory_gib(gpu: str) -> Optional[float]:
     """A GPU's memory (GiB): GPU_MEMORY_GIB's, else the step-time model's description of it; None for the CPU or
     an unknown GPU."""
-    from megatron_sat.profiling import steptime  # as known_gpus
-
     if gpu in GPU_MEMORY_GIB:
         return GPU_MEMORY_GIB[gpu]
     return float(steptime.load_gpu(gpu).memory_gib) if gpu in steptime.gpu_names() else None
@@ -339,17 +335,10 @@ def predict_plan(plan: Plan, args):
     """The step-time model's StepPrediction at the plan's layout, precision and overlap flags, as the trainer
     resolves `args` on a GPU (steptime.layout_from_args: the run's own overlaps, off unless it turns them on)."""
     from megatron_sat.model.args import model_args
-    from megatron_sat.profiling import steptime  # steptime reads this module's layer split: not at import
 
     return steptime.predict_step(model_args(args), steptime.layout_from_args(args, plan.world_size), steptime.cluster(
         plan.gpu, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node), seq_length=plan.seq_length,
         vocab_size=plan.vocab_size)
-
-
-def _chunk_layers(num_layers: int, chunks: int) -> List[range]:
-    """Global 1-based layer numbers of each model chunk, in pipeline order (the uniform split validate asks for)."""
-    bounds = [round(c * num_layers / chunks) for c in range(chunks + 1)]
-    return [range(bounds[c] + 1, bounds[c + 1] + 1) for c in range(chunks)]
 
 
 def _layer_params(cfg, layer: int, t: int) -> Tuple[float, float]:
@@ -370,22 +359,6 @@ def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, a
     (module docstring, "connections")."""
     return archs.get(cfg.arch).connection_bytes(cfg, layer, s=s, b=b, t=t, sp_div=sp_div, act=act, local=local,
                                                 first_in_chunk=first_in_chunk, recompute=recompute)
-
-
-def _wire_channels(cfg, chunk_layers: List[range]) -> int:
-    """Channels a baseline adds to the pipeline message (parallel/pipeline.py extra_wire_channels)."""
-    if len(chunk_layers) == 1:
-        return 0
-    # dense archs: padded to the widest boundary, before the last chunk (model/dense_transport.py)
-    return archs.get(cfg.arch).wire_channels(cfg, chunk_layers[-1][0])
-
-
-def _v1_wire_channels(cfg, t: int, sp: bool) -> int:
-    """Channels V1 adds to the pipeline message (model/v1_transport.py wire_width; the planner counts V1's bytes
-    under "V1", not as a connection)."""
-    if not cfg.uses_value_residual:
-        return 0
-    return cfg.num_query_groups * cfg.kv_channels // t * (t if sp else 1)
 
 
 def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbatches: int, seq_length: int,
@@ -460,20 +433,20 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
 
     full = recompute == "full"
     v1 = act * s * b * g * d / t if cfg.uses_value_residual else 0.0
-    chunk_layers = _chunk_layers(cfg.num_layers, pp * chunks)
-    wire = _wire_channels(cfg, chunk_layers) * act * s * b / sp_div  # one message's extra channels
+    split = chunk_layers(cfg.num_layers, pp * chunks)
+    wire = wire_channels(cfg, split) * act * s * b / sp_div  # one message's extra channels
     out = []
     m = max(num_microbatches, 1)
     last_stage_act = act * (2 * sbh / sp_div + s * b * vocab_size / t) + 4 * s * b * vocab_size / t
     if local:  # the final norm as above; the cross entropy keeps its fp32 logits, not the output layer's (measured)
         last_stage_act = norm(sbh / sp_div, s * b / sp_div) + act * sbh / sp_div + 4 * s * b * vocab_size / t
-    message = (s // sp_div, b, h + _wire_channels(cfg, chunk_layers) + _v1_wire_channels(cfg, t, layout.sp))
+    message = (s // sp_div, b, h + wire_channels(cfg, split) + v1_wire_channels(cfg, t, layout.sp))
     for stage in range(pp):
         in_flight = 1 if pp == 1 else min(pp - stage, m)
         if vpp and stage == 0:
             in_flight = min(pp, m) * (1 + (pp - 1) / (pp * vpp))
         mine = [v * pp + stage for v in range(chunks)]  # this rank's chunks (global chunk index)
-        layers = [i for c in mine for i in chunk_layers[c]]
+        layers = [i for c in mine for i in split[c]]
         sharded, replicated = (sum(x) for x in zip(*(_layer_params(cfg, i, t) for i in layers)))
         params = sharded / t + replicated + chunks * _chunk_params(cfg)
         if stage == 0:
@@ -489,8 +462,8 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
         activations = in_flight * kept + one_layer
         if stage == pp - 1:
             activations += last_stage_act
-        conn = in_flight * sum(connections(i, i == chunk_layers[c][0], recompute) for c in mine
-                               for i in chunk_layers[c]) + one_conn
+        conn = in_flight * sum(connections(i, i == split[c][0], recompute) for c in mine
+                               for i in split[c]) + one_conn
         sends = sum(c < pp * chunks - 1 for c in mine)
         receives = sum(c > 0 for c in mine) if cfg.is_dense else 0  # Hyper-Connections: the first layer's H
         conn += in_flight * (sends + receives) * wire
@@ -506,7 +479,7 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
         # V1 is kept once per micro-batch (SATFormer: inside layer 1's QKV output on the stage that holds layer 1)
         v1_kept = 0.0 if arch.v1_kept_on_first_layer() and 1 in layers else v1
         per_micro = (kept + (last_stage_act if stage == pp - 1 else 0.0) + v1_kept
-                     + sum(connections(i, i == chunk_layers[c][0], recompute) for c in mine for i in chunk_layers[c]))
+                     + sum(connections(i, i == split[c][0], recompute) for c in mine for i in split[c]))
         out.append(dict(stage=stage, params=params, total=total, gib=gib, in_flight=in_flight,
                         per_micro_batch=per_micro, message=message, **parts))
     return out

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron_sat.profiling.steptime.hardware import Hardware
+from megatron_sat.steptime.hardware import Hardware
 
 TILE = 128  # output tile edge of the GEMM kernels' wave model
 K_FILL = 64  # reduction length at which a GEMM's main loop reaches half its efficiency

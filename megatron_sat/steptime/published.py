@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from megatron_sat.model.args import ModelArgs
-from megatron_sat.profiling.steptime.hardware import Cluster, Hardware, load_gpu
-from megatron_sat.profiling.steptime.predict import Layout, predict_step
+from megatron_sat.steptime.hardware import Cluster, Hardware, load_gpu
+from megatron_sat.steptime.predict import Layout, predict_step
 
 
 @dataclass(frozen=True)

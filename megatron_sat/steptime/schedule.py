@@ -1,7 +1,7 @@
 """The pipeline schedule, simulated as Megatron-Core runs it (schedules.py): every stage executes its forward and
 backward passes in Megatron's order, each waiting for the pass it depends on, one point-to-point message later.
 
-    from megatron_sat.profiling.steptime.schedule import simulate
+    from megatron_sat.steptime.schedule import simulate
     r = simulate(forward=[[1.0]] * 4, backward=[[2.0]] * 4, num_microbatches=8)   # PP4, 1F1B
     r.time, r.bubble_fraction   # 33.0, (4 - 1) / 8
 

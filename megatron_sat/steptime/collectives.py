@@ -21,7 +21,7 @@ whose consecutive members are `stride` ranks apart.
 
 import math
 
-from megatron_sat.profiling.steptime.hardware import Cluster
+from megatron_sat.steptime.hardware import Cluster
 
 
 def members_per_node(size: int, stride: int, gpus_per_node: int) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from megatron_sat import archs
-from megatron_sat.profiling.steptime.roofline import Op, gemm, memory
+from megatron_sat.steptime.roofline import Op, gemm, memory
 
 
 @dataclass

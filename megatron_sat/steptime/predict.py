@@ -1,7 +1,7 @@
 """One training step's time for a model, a parallel layout and a cluster: predict_step.
 
     from megatron_sat.model.args import ModelArgs
-    from megatron_sat.profiling.steptime import Layout, cluster, predict_step
+    from megatron_sat.steptime import Layout, cluster, predict_step
     model = ModelArgs(arch="satformer", num_layers=24, hidden_size=2048, num_attention_heads=32, ffn_hidden_size=5632)
     p = predict_step(model, Layout(tp=1, pp=1, dp=8, micro_batch_size=2, global_batch_size=512), cluster("1x8xH100"),
                      seq_length=4096, vocab_size=32000)
@@ -24,15 +24,15 @@ recompute), the same definition the project's profiler and trainer log as MFU, a
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import megatron_sat.steptime.collectives as collectives
 from megatron_sat.model.args import LAYER_PARTS, layer_parameters
 from megatron_sat.model.flops import flops_per_token
-from megatron_sat.profiling.steptime import collectives
-from megatron_sat.profiling.steptime.hardware import Cluster
-from megatron_sat.profiling.steptime.hardware import cluster as make_cluster
-from megatron_sat.profiling.steptime.layer_costs import stage_costs
-from megatron_sat.profiling.steptime.roofline import memory_time
-from megatron_sat.profiling.steptime.schedule import ScheduleResult, simulate
-from megatron_sat.training.planner import _chunk_layers, _v1_wire_channels, _wire_channels
+from megatron_sat.model.wire import chunk_layers, v1_wire_channels, wire_channels
+from megatron_sat.steptime.hardware import Cluster
+from megatron_sat.steptime.hardware import cluster as make_cluster
+from megatron_sat.steptime.layer_costs import stage_costs
+from megatron_sat.steptime.roofline import memory_time
+from megatron_sat.steptime.schedule import ScheduleResult, simulate
 
 RECOMPUTE = (None, "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
@@ -179,13 +179,13 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
     if errors:
         raise ValueError("; ".join(errors))
     hw, pp, chunks, m = c.gpu, layout.pp, layout.vpp or 1, layout.num_microbatches
-    chunk_layers = _chunk_layers(model_args.num_layers, pp * chunks)
-    fwd, bwd = stage_costs(model_args, layout, c, seq_length, vocab_size, chunk_layers)
+    split = chunk_layers(model_args.num_layers, pp * chunks)
+    fwd, bwd = stage_costs(model_args, layout, c, seq_length, vocab_size, split)
 
     # pipeline messages: stage r sends to stage r + 1 (the last to the first, interleaved), ranks tp cp dp apart
     a = 2 if layout.precision in ("bf16", "fp16", "fp8") else 4
     rows = seq_length // layout.cp // (layout.tp if layout.sequence_parallel else 1)
-    channels = model_args.hidden_size + _wire_channels(model_args, chunk_layers) + _v1_wire_channels(
+    channels = model_args.hidden_size + wire_channels(model_args, split) + v1_wire_channels(
         model_args, layout.tp, layout.sequence_parallel)
     message = rows * layout.micro_batch_size * channels * a
     stride = layout.tp * layout.cp * layout.dp
@@ -200,7 +200,7 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
     tail = []
     per_stage = []
     for r in range(pp):
-        layers = [i for v in range(chunks) for i in chunk_layers[v * pp + r]]
+        layers = [i for v in range(chunks) for i in split[v * pp + r]]
         params = stage_parameters(model_args, layers, layout.tp, first=r == 0, last=r == pp - 1,
                                   vocab_size=vocab_size, tied_embeddings=tied_embeddings)
         grad_bytes = params * (4 if layout.grad_reduce_in_fp32 or a == 4 else 2)

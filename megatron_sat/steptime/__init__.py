@@ -2,7 +2,7 @@
 a parallel layout and a cluster, before the allocation (docs/step_time.md).
 
     from megatron_sat.model.args import ModelArgs
-    from megatron_sat.profiling.steptime import Layout, cluster, predict_step
+    from megatron_sat.steptime import Layout, cluster, predict_step
     p = predict_step(ModelArgs(arch="transformer", num_layers=24, hidden_size=2048, num_attention_heads=32),
                      Layout(dp=8, micro_batch_size=2, global_batch_size=512), cluster("1x8xH100"),
                      seq_length=4096, vocab_size=32000)
@@ -20,8 +20,8 @@ Modules (one job each):
     published.py   the published Megatron throughput tables and the model's comparison with them
 """
 
-from megatron_sat.profiling.steptime.hardware import Cluster, Hardware, cluster, gpu_names, load_gpu
-from megatron_sat.profiling.steptime.predict import Layout, StepPrediction, layout_from_args, predict_step
+from megatron_sat.steptime.hardware import Cluster, Hardware, cluster, gpu_names, load_gpu
+from megatron_sat.steptime.predict import Layout, StepPrediction, layout_from_args, predict_step
 
 # the model's relative error band: the mean absolute error of its predictions of the published rows it was not
 # fitted on (published.py, docs/step_time.md; tests/test_steptime.py keeps it equal to the model's), for GPU hours

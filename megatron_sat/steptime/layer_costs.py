@@ -26,10 +26,10 @@ Recompute: selective re-runs the core attention's forward in backward; full re-r
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from megatron_sat.profiling.steptime import collectives
-from megatron_sat.profiling.steptime.arch_ops import LayerContext, arch_layer
-from megatron_sat.profiling.steptime.hardware import Cluster
-from megatron_sat.profiling.steptime.roofline import Op, attention, gemm, memory, op_time
+import megatron_sat.steptime.collectives as collectives
+from megatron_sat.steptime.arch_ops import LayerContext, arch_layer
+from megatron_sat.steptime.hardware import Cluster
+from megatron_sat.steptime.roofline import Op, attention, gemm, memory, op_time
 
 CE_FWD_BYTES = 38  # per logit: read bf16, write fp32 (6), max (4), subtract (8), exp (8), sum (4), softmax (8)
 CE_BWD_BYTES = 22  # per logit: the softmax gradient (8), the scale (8), the bf16 cast (6)

@@ -1,6 +1,6 @@
 """Devices and clusters the step-time model runs on: gpus.json (the data, with its sources) read into dataclasses.
 
-    from megatron_sat.profiling.steptime import load_gpu, cluster
+    from megatron_sat.steptime import load_gpu, cluster
     h100 = load_gpu("H100"); h100.peak("bf16")          # FLOP/s, dense
     c = cluster("4x8xH100")                             # 4 nodes of 8 H100s (also "H100", "32xH100" = 4 x 8)
 """
