@@ -8,7 +8,10 @@ they are imported, since megatron-core warns at import.
   multi-tensor functions (and its torch norm in place of Apex's); those fallbacks are what a CPU run uses. Its
   import of megatron.core.models also announces the experimental MIMO config, which nothing here builds, and its
   TransformerConfig a deprecated CUDA-graph scope default; its distributed optimizer calls two torch collectives that
-  torch marks deprecated.
+  torch marks deprecated, and its dist checkpointing loads through torch's, which notes its argument order and, read
+  in one process, that it assumes one process.
+- megatron-core's tensor-parallel layers recommend CUDA_DEVICE_MAX_CONNECTIONS=1 for overlapping a GPU's gradient
+  all-reduce: on CPU that means nothing, so cpu.py (where the project knows there is no GPU) filters it there.
 - lm-eval's evaluation (the megatron_sat backend and tools/evaluate.py): the note that a task with a custom dataset
   loader takes kwargs from --metadata (the tiny test tasks load their data beside their YAML that way).
 """
@@ -29,6 +32,11 @@ WARNINGS = (
     ("MimoModelConfig is experimental", UserWarning, ("megatron.core.models.mimo.config.base_configs",)),
     # megatron-core builds its TransformerConfig with its own default cuda_graph_scope; no CUDA graphs are made here
     ("full scope is deprecated", UserWarning, ("megatron.core.transformer.transformer_config",)),
+    # torch's distributed checkpoint, as megatron-core's dist checkpointing calls it to load: a note on its own argument
+    # order, and, where a checkpoint is read without a process group (one process), that it reads in one process
+    ("The argument order of load has been changed", UserWarning, ("torch.distributed.checkpoint.logger",)),
+    ("torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a single",
+     UserWarning, ("torch.distributed.checkpoint.utils",)),
     # megatron-core's distributed optimizer calls these torch collectives; torch names its successors
     ("`torch.distributed.all_gather_into_tensor` is deprecated", FutureWarning, ("torch.distributed.c10d_logger",)),
     ("`torch.distributed.reduce_scatter_tensor` is deprecated", FutureWarning, ("torch.distributed.c10d_logger",)),
