@@ -19,21 +19,19 @@ Set MEGATRON_SAT_VERBOSE=1 to see megatron-core's warnings and info messages.
 """
 
 import logging
-import os
 import sys
-import warnings
 
 from megatron_sat.training.arguments import parse_args  # no torch, no megatron-core
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)  # exits with code 2 and a message on bad input, before any heavy import
-    if not os.environ.get("MEGATRON_SAT_VERBOSE"):  # megatron-core's CPU fallback notices, deprecations
-        warnings.filterwarnings("ignore", category=UserWarning)
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        logging.getLogger("megatron").setLevel(logging.ERROR)
     # torch and megatron-core are imported after the arguments are parsed (--help and bad input answer at once)
-    # and after the warning filters above (megatron-core warns at import)
+    # and after the known harmless warnings are filtered (megatron-core warns at import)
+    from megatron_sat.compat.known_warnings import quiet
+
+    if quiet():  # False under MEGATRON_SAT_VERBOSE=1
+        logging.getLogger("megatron").setLevel(logging.ERROR)
     from megatron_sat.parallel.process_group import teardown
     from megatron_sat.training.trainer import train
 

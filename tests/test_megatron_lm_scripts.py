@@ -1,6 +1,8 @@
-"""Megatron-LM's own example scripts run here (tests/data/megatron_lm/*.args: their command lines with only sizes,
-iterations, paths and GPU-only flags changed, each change listed in the file), and the Megatron-LM flags that describe
-the model are no-ops when they match the arch and a one-line refusal (exit 2) when they do not.
+"""Megatron-LM's own example scripts run here as bash runs them: tests/data/megatron_lm/*.sh are their text with only
+sizes, iterations, paths and GPU-only settings changed (each change and the source commit listed at the top of each
+file), run by bash with the launcher (torchrun) replaced by launcher/torchrun, which hands the program's arguments,
+exactly as bash split and quoted them, to megatron-sat's trainer with --arch transformer. The Megatron-LM flags that
+describe the model are no-ops when they match the arch and a one-line refusal (exit 2) when they do not.
 
     .venv/bin/python -m pytest tests/test_megatron_lm_scripts.py
 """
@@ -9,7 +11,7 @@ import argparse
 import glob
 import json
 import os
-import shlex
+import subprocess
 
 import pytest
 import torch
@@ -24,18 +26,24 @@ from megatron_sat.training.profiler import StepProfiler, bubble_fraction
 SCRIPTS = os.path.join(ROOT, "tests", "data", "megatron_lm")
 
 
-def script_args(name: str, **paths) -> list:
-    """The flags of tests/data/megatron_lm/NAME.args with {SAVE}, {DATA}, ... replaced by `paths`."""
-    with open(os.path.join(SCRIPTS, name + ".args")) as f:
-        text = f.read()
-    for key, value in paths.items():
-        text = text.replace("{" + key.upper() + "}", shlex.quote(str(value)))
-    return shlex.split(text, comments=True)
+def script_args(name: str, folder, *positional, **env) -> list:
+    """The trainer's command line from running tests/data/megatron_lm/NAME.sh with bash in `folder` (with the
+    script's positional arguments and environment variables): --arch transformer, then the words bash passed to
+    pretrain_gpt.py."""
+    folder = str(folder)
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, "pretrain_gpt.py"), "w").close()  # the scripts check that it is there
+    out = os.path.join(folder, "argv")
+    shim = os.path.join(SCRIPTS, "launcher")
+    subprocess.run(["bash", os.path.join(SCRIPTS, name + ".sh"), *map(str, positional)], cwd=folder, check=True,
+                   env=dict(os.environ, PATH=shim + os.pathsep + os.environ["PATH"], MEGATRON_SAT_ARGV=out, **env),
+                   capture_output=True, text=True, timeout=60)
+    with open(out) as f:
+        return ["--arch", "transformer", *f.read().split("\0")[:-1]]
 
 
 def llama(tmp_path) -> list:
-    return script_args("train_llama3_8b_h100_fp8", save=tmp_path / "llama", tensorboard=tmp_path / "llama_tb",
-                       cache=tmp_path / "cache")
+    return script_args("train_llama3_8b_h100_fp8", tmp_path / "sh", tmp_path / "llama", tmp_path / "llama_tb")
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +61,9 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.slow  # a trainer run
 def test_llama3_8b_script_trains_two_steps_and_profiles_one(tmp_path):
-    """examples/llama/train_llama3_8b_h100_fp8.sh, shrunk; the test adds --use-pytorch-profiler and moves the profiled
-    range to step 2 alone (the script's --profile is an nsys range), so the trace must hold step 2 and not step 1."""
+    """examples/llama/train_llama3_8b_h100_fp8.sh as bash runs it, shrunk; the test adds --use-pytorch-profiler and
+    moves the profiled range to step 2 alone (the script's --profile is an nsys range), so the trace must hold step 2
+    and not step 1."""
     out = train(*llama(tmp_path), "--use-pytorch-profiler", "--profile-step-start", "2", "--no-progress-bar")
     steps = [r for r in rows(tmp_path / "llama") if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2] and [r["consumed_samples"] for r in steps] == [4, 8]
@@ -72,6 +81,11 @@ def test_llama3_8b_script_trains_two_steps_and_profiles_one(tmp_path):
     profiled = {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
     assert profiled == {"ProfilerStep#2"}
     assert any(e.get("name") == "aten::mm" for e in events)  # the step's matrix products are in it
+    # a clean console: megatron-core's Transformer Engine / Apex notices are filtered (known harmless on CPU), the
+    # banner names the block, and why there is no MFU is said once instead of "MFU n/a" on every step line
+    assert "Transformer Engine and Apex are not installed" not in out and "Warning" not in out, out
+    assert "transformer (Llama-style block: RMSNorm, SwiGLU, RoPE, no biases)" in out
+    assert out.count("no MFU on the step lines") == (0 if torch.cuda.is_available() else 1) and "MFU n/a" not in out
 
 
 @pytest.mark.slow  # a trainer run
@@ -80,8 +94,8 @@ def test_gpt3_175b_script_ramps_the_batch_and_scores_the_test_split(tmp_path, co
     --split 949,50,1 has a test share, scored at the end into metrics.jsonl. The test adds
     --log-timers-to-tensorboard."""
     prefix, tok = corpus
-    train(*script_args("train_gpt3_175b_distributed", save=tmp_path / "gpt", tensorboard=tmp_path / "gpt_tb",
-                       data=prefix, tokenizer=tok), "--no-progress-bar", "--log-timers-to-tensorboard")
+    train(*script_args("train_gpt3_175b_distributed", tmp_path / "sh", tmp_path / "gpt", tmp_path / "gpt_tb", tok,
+                       prefix), "--no-progress-bar", "--log-timers-to-tensorboard")
     records = rows(tmp_path / "gpt")
     steps = [r for r in records if "loss" in r]
     assert [(r["step"], r["consumed_samples"]) for r in steps] == [(1, 2), (2, 6)]
@@ -152,8 +166,12 @@ def test_a_profiled_range_past_the_last_step_is_refused_before_training(tmp_path
 
 
 def test_the_script_parses_with_matching_model_flags(tmp_path):
-    """The same command line parses (the matching model flags are no-ops) and resolves as Megatron-LM would."""
-    args = parse_args(llama(tmp_path))
+    """The same command line parses (the matching model flags are no-ops) and resolves as Megatron-LM would, its
+    --split '99,1,0' (the quotes reach the program: bash splits "--split '99,1,0'" on the space) included."""
+    argv = llama(tmp_path)
+    assert argv[argv.index("--split") + 1] == "'99,1,0'"
+    args = parse_args(argv)
+    assert args.split == "99,1,0"
     assert (args.lr_warmup_iters, args.lr_decay_iters, args.train_iters) == (1.0, 2.0, 2)
     assert (args.num_workers, args.mmap_bin_files, args.overlap_param_gather, args.sequence_parallel) == (1, False, True,
                                                                                                           False)
@@ -294,3 +312,60 @@ def test_a_sample_based_run_reproduces_from_its_config(tmp_path, capsys):
     (tmp_path / "run.json").write_text(json.dumps(dict(saved, load=None)))  # the script resumes its own folder
     again = parse_args(["--config", str(tmp_path / "run.json"), "--save", str(tmp_path / "again")])
     assert (again.lr_warmup_iters, again.lr_decay_iters, again.train_iters) == (1.0, 2.0, 2)
+
+
+def test_the_scripts_banner_names_the_llama_block():
+    assert megatron_lm_flags.describe_arch("transformer") == "transformer (Llama-style block: RMSNorm, SwiGLU, RoPE, no biases)"
+    assert megatron_lm_flags.describe_arch("satformer") == "satformer"
+
+
+def test_mixtral_script_is_refused_in_one_line_naming_moe(tmp_path, capsys, corpus):
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh as bash runs it: every problem in one line, MoE named once
+    with its flags, the Llama2Tokenizer refused with what to use; its kernel switches are no-ops."""
+    prefix, tok = corpus
+    found = _problems(_refused(script_args("train_mixtral_8x7b_distributed", tmp_path, tmp_path / "ckpt", tok, prefix),
+                               capsys))
+    assert len(found) == 2, found
+    assert found[0].startswith("Mixture-of-Experts (MoE) is not supported here: the archs are dense (--num-experts 8 "
+                               "--moe-router-topk 2 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff "
+                               "1e-2 --moe-grouped-gemm --moe-token-dispatcher-type alltoall "
+                               "--expert-model-parallel-size 8)")
+    assert found[1].startswith("--tokenizer-type Llama2Tokenizer is not read here")
+
+
+def test_megatron_fsdp_script_is_refused_in_one_line_and_parses_without_fsdp(tmp_path, capsys):
+    """examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh as bash runs it (USE_UV=1: `uv run python -m
+    torch.distributed.run`): Megatron-FSDP named once with its flags, its checkpoint format refused; with the script's
+    own USE_MEGATRON_FSDP=0 the command line parses (its kernel switches and --logging-level are no-ops)."""
+    argv = script_args("train_llama3_8b_fsdp_h100_fp8", tmp_path / "a", tmp_path / "ckpt")
+    found = _problems(_refused(argv, capsys))
+    assert len(found) == 2, found
+    assert found[0].startswith("Megatron-FSDP is not supported here (--use-megatron-fsdp --data-parallel-sharding-"
+                               "strategy optim_grads_params --init-model-with-meta-device --use-nccl-ub "
+                               "--fsdp-double-buffer --fsdp-manual-registration)")
+    assert found[1].startswith("--ckpt-format fsdp_dtensor is not supported")
+    args = parse_args(script_args("train_llama3_8b_fsdp_h100_fp8", tmp_path / "b", tmp_path / "ckpt2",
+                                  USE_MEGATRON_FSDP="0"))
+    assert (args.split, args.train_iters, args.logging_level, args.no_check_for_nan_in_loss_and_grad) == (
+        "99,1,0", 2, 20, True)
+
+
+def test_mock_data_takes_the_vocabulary_of_a_given_tokenizer(tmp_path, capsys, corpus):
+    """--mock-data --tokenizer-model DIR needs no --vocab-size; without either it is refused naming both."""
+    base = [a for a in llama(tmp_path) if a not in ("--tokenizer-type", "NullTokenizer")]
+    at = base.index("--vocab-size")
+    no_vocab = base[:at] + base[at + 2:]
+    args = parse_args([*no_vocab, "--tokenizer-model", corpus[1]])
+    assert args.vocab_size is None and args.mock_data
+    assert "--mock-data needs --vocab-size N or --tokenizer-model" in _refused(no_vocab, capsys)
+
+
+@pytest.mark.parametrize("flag", sorted(megatron_lm_flags.KERNEL_SWITCHES) + ["--optimizer adam", "--logging-level 20",
+                                                                             "--recompute-modules core_attn"])
+def test_kernel_switches_are_accepted(tmp_path, flag):
+    parse_args([*llama(tmp_path), *flag.split()])
+
+
+def test_recompute_modules_other_than_core_attn_are_refused(tmp_path, capsys):
+    err = _refused([*llama(tmp_path), "--recompute-modules", "core_attn", "mlp"], capsys)
+    assert "--recompute-modules core_attn mlp: selective recompute here recomputes core attention only" in err

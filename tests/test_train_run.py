@@ -117,6 +117,12 @@ def test_reference_run_writes_metrics_config_and_checkpoints(runs):
     assert latest(a) == 40 and os.path.isfile(a / "iter_0000040" / "metadata.json")
     assert not [p for p in os.listdir(a) if p.endswith(".tmp")]
     assert "final validation loss" in runs["A_log"] and "metrics: " in runs["A_log"]
+    # a clean console, one process (A) and four (D): megatron-core's Transformer Engine / Apex notices and the other
+    # known harmless warnings are filtered (compat/known_warnings.py); on CPU, why there is no MFU is said once
+    for log in (runs["A_log"], runs["D_log"]):
+        assert "Transformer Engine and Apex are not installed" not in log and "Warning:" not in log, log[-3000:]
+        assert "MFU n/a" not in log
+    assert runs["A_log"].count("no MFU on the step lines") == (1 if " x cpu" in runs["A_log"] else 0)
 
 
 def test_resume_continues_exactly(runs):

@@ -100,7 +100,7 @@ def test_peak_flops_table_and_cpu():
     import torch
 
     if not torch.cuda.is_available():
-        assert peak_flops_per_device(None) is None  # MFU printed as n/a on CPU
+        assert peak_flops_per_device(None) is None  # no MFU on CPU (the step line says why, once)
 
 
 def test_recipes_registry_and_overrides():
@@ -320,3 +320,27 @@ def test_fused_gate_fallback_is_announced():
         layer_spec(make_config("satformer", **sizes, add_qkv_bias=True), "local")
     assert not make_config("satformer", **sizes, add_qkv_bias=True).fused_value_residual_gate
     assert make_config("satformer", **sizes).fused_value_residual_gate
+
+
+def test_the_progress_bar_starts_after_the_banner_and_carries_the_loss(tmp_path, monkeypatch, capsys):
+    """Monitor: no bar while the run is being set up (the banner comes first, on its own line); start_bar draws it
+    (on a terminal), each step line sets its loss; without an MFU the reason is printed once, not on every line."""
+    from megatron_sat.training.monitor import Monitor
+
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    args = parse_args(["--recipe", "debug_satformer", "--train-iters", "3", "--save", str(tmp_path / "run")])
+    monitor = Monitor(args, dict(vars(args), num_parameters=1000, vocab_size=256), 0, resumed=False, is_logger=True)
+    try:
+        assert monitor.bar is None
+        monitor.start_bar()
+        assert monitor.bar is not None and monitor.bar.n == 0
+        for step in (1, 2):
+            monitor.log_train(dict(step=step, loss=5.0 - step, lr=1e-3, grad_norm=1.0, tokens_per_s=100.0,
+                                   mfu=None), eta_s=1.0)
+            monitor.advance()
+        assert monitor.bar.postfix == "loss=3.0000" and monitor.bar.n == 2
+    finally:
+        monitor.close()
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert text.count("no MFU on the step lines") == 1 and "MFU n/a" not in text and "step 2/3 | loss 3.0000" in text

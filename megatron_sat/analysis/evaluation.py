@@ -142,10 +142,13 @@ def evaluate(model_dir: Optional[str], tasks: Sequence[str], *, checkpoint: Opti
     seed: one int for lm-eval's four seeds (python, numpy, torch, few-shot) or four (None leaves one unset).
     output_path: lm-eval's output layout there (EvaluationTracker), with per-task samples when log_samples.
     Returns {'results', 'table', 'averages', 'skipped', ...}, None on other ranks."""
-    # optional, slow (see local_task_configs)
+    # optional, slow (see local_task_configs); the known harmless warnings filtered first (their module imports torch)
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
+    from megatron_sat.compat.known_warnings import quiet
+
+    quiet()
     if (model_dir is None) == (checkpoint is None):
         raise EvaluationError("give a Hugging Face model folder or a Megatron checkpoint, not both")
     if model_dir is not None and not os.path.isfile(os.path.join(model_dir, "config.json")):

@@ -28,6 +28,7 @@ rank scores every request). On a model built by the trainer, any TP (vocab-paral
 over the tensor-parallel group; sequence-parallel inputs padded to a multiple of TP) with PP1 and CP1;
 every data-parallel replica scores every request (the trainer refuses PP > 1 and CP > 1 for --eval-tasks).
 """
+# ruff: noqa: E402  (megatron-core is imported after quiet(), below)
 
 import os
 import sys
@@ -38,6 +39,12 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+
+from megatron_sat.compat.known_warnings import quiet
+
+# plain `lm_eval --model megatron_sat` comes in here: the known harmless warnings (compat/known_warnings.py) are
+# filtered before megatron-core is imported, which warns at import (hence the imports below this call)
+quiet()
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 

@@ -49,6 +49,9 @@ def run(argv: Sequence[str]) -> int:
     from lm_eval._cli import HarnessCLI  # optional (eval extra); its parser is light, the run imports the rest
     from lm_eval.utils import setup_logging
 
+    from megatron_sat.compat.known_warnings import quiet  # here: its package imports torch, --help does not
+
+    quiet()  # the known harmless third-party warnings (compat/known_warnings.py)
     argv = _checkpoint_as_model_args(list(argv))
     register()
     setup_logging()  # as lm-eval's cli_evaluate

@@ -58,6 +58,8 @@ class Arch:
     hf_layer_weights: tuple = ()
     # the paper's 760M figures of SATFormer against this arch: (throughput x, memory saving), None: not reported
     paper_satformer_vs: Optional[tuple] = None
+    # what the run banner says beside the name (None: the name alone)
+    banner_note: Optional[str] = None
     # what the planner's memory estimate counts for a baseline (printed under its plan by plan-layout)
     memory_note: Optional[str] = None
 

@@ -12,6 +12,8 @@ class Transformer(Arch):
     tags = ("transformer",)
     hf_model_type = "qwen3"
     hf_code = (("modeling_qwen3_qknorm.py", "modeling_transformer.py"),)  # only with q/k norms
+    # a GPT-3 script's user would otherwise expect GPT-3's block (LayerNorm, GELU, learned positions, biases)
+    banner_note = "Llama-style block: RMSNorm, SwiGLU, RoPE, no biases"
 
     def hf_config(self, spec, decoder: dict, remote: dict) -> dict:
         if not spec.qk_layernorm:  # no q/k norms: transformers' own Llama, no remote code

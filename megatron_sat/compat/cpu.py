@@ -94,6 +94,8 @@ import functools
 import importlib.abc
 import inspect
 import logging
+import os
+import re
 import sys
 import textwrap
 import threading
@@ -651,6 +653,11 @@ def ensure_cpu_compat() -> bool:
         if _APPLIED:
             return True
         _check_version()
+        # a GPU stream setting megatron-core recommends for its async gradient all-reduce: nothing to set on CPU
+        if not os.environ.get("MEGATRON_SAT_VERBOSE"):  # known_warnings.py lists it
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\.tensor_parallel\.layers\Z",
+                                    message=re.escape("When using async grad allreduce it is recommended to set the "
+                                                      "environment variable CUDA_DEVICE_MAX_CONNECTIONS"))
         _TORCH_PROXY = _TorchProxy()
         # Import hook first, so that megatron modules imported from here on are patched as they load.
         sys.meta_path.insert(0, _MegatronFinder())

@@ -103,8 +103,8 @@ def argument_errors(args: argparse.Namespace, world_size: Optional[int], *, inpu
         errors.append(str(e))
     if args.ckpt_step is not None and not args.load:
         errors.append("--ckpt-step needs --load")
-    if args.mock_data and not args.vocab_size:
-        errors.append("--mock-data needs --vocab-size")
+    if args.mock_data and not args.vocab_size and not args.tokenizer_model:
+        errors.append("--mock-data needs --vocab-size N or --tokenizer-model (whose vocabulary the tokens use)")
     errors += eval_tasks_errors(args, inputs)
     if inputs:
         errors += input_errors(args)
@@ -259,6 +259,10 @@ def megatron_lm_flag_errors(args: argparse.Namespace) -> List[str]:
     if args.decoupled_lr is not None and args.weight_decay_params == "all":
         out.append("--decoupled-lr goes with --weight-decay-params matrices (Megatron-Core's parameter groups); "
                    "drop one of them")
+    if args.recompute_modules and set(args.recompute_modules) - {"core_attn"}:
+        out.append(f"--recompute-modules {' '.join(args.recompute_modules)}: selective recompute here recomputes core "
+                   "attention only (core_attn, Megatron-LM's default); drop the others or use --recompute-granularity "
+                   "full")
     if args.profile and not 1 <= args.profile_step_start <= args.profile_step_end:
         out.append(f"--profile-step-start {args.profile_step_start} and --profile-step-end {args.profile_step_end}: "
                    "need 1 <= start <= end")

@@ -227,8 +227,8 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     g("--tokenizer-model", default=None,
       help="HF tokenizer folder / tokenizer.json / hub name (Megatron-LM's meaning with HuggingFaceTokenizer)")
     g("--mock-data", action=argparse.BooleanOptionalAction, default=False, names_run=True,
-      help="synthetic tokens (throughput runs); needs --vocab-size. --data-path or --embedded-data on the command "
-           "line replaces a recipe's mock data")
+      help="synthetic tokens (throughput runs) over --vocab-size ids, or over --tokenizer-model's vocabulary. "
+           "--data-path or --embedded-data on the command line replaces a recipe's mock data")
     g("--embedded-data", default=None, metavar="DIR", names_run=True,
       help="build (once) the embedded corpus, a BPE tokenizer and its dataset in DIR and train on it")
     g("--vocab-size", type=int, default=None, names_run=True, help="mock data vocabulary / embedded BPE size")
@@ -429,8 +429,10 @@ def _resolve(argv: List[str], read_files: bool):
     level.update({k: 2 for k, v in config.items() if v is not None})
     level.update({k: 3 for k in given})
     errors = _resolve_layers(args, level, read_files) + megatron_lm_flags.resolve(args, level)
+    not_here, unknown = megatron_lm_flags.unsupported(unknown)  # MoE, Megatron-FSDP: one problem each
     if unknown:  # reported with the other problems (argparse would stop at it with its usage)
         errors.insert(0, f"unrecognized arguments: {' '.join(unknown)} (--help lists the flags)")
+    errors[:0] = not_here
     if not args.save:  # every run has a folder for metrics.jsonl, config.json and checkpoints
         args.save = os.path.join("runs", recipe_folder_name(args.recipe) if args.recipe else "run")
     sources = {dest: SOURCES[level.get(dest, 0)] for dest in _dests(parser) if dest != "help"}

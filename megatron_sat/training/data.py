@@ -74,8 +74,13 @@ def prepare_embedded(directory: str, vocab_size: int, log=print) -> tuple:
 
 def tokenizer_and_data(args, log=print):
     """(tokenizer, data spec) for the chosen data source, checked (DataError: the trainer exits 2)."""
-    if args.mock_data:
-        return NullTokenizer(args.vocab_size), None
+    if args.mock_data:  # synthetic tokens over --vocab-size ids, else over the given tokenizer's vocabulary
+        if args.vocab_size:
+            return NullTokenizer(args.vocab_size), None
+        try:
+            return NullTokenizer(load_tokenizer(args.tokenizer_model).vocab_size), None
+        except (OSError, ValueError) as e:
+            raise DataError(f"--tokenizer-model: {e}") from None
     if args.embedded_data:
         prefix, tok_dir = prepare_embedded(args.embedded_data, args.vocab_size or 4096, log)
         tokenizer, data = load_tokenizer(tok_dir), prefix

@@ -9,15 +9,19 @@ Three kinds (docs/ecosystem.md, "Megatron-LM flags", lists each):
   `global_batch_at`), --recompute-activations, --num-workers, --no-mmap-bin-files, --overlap-param-gather,
   --manual-gc, --untie-embeddings-and-output-weights, --wandb-save-dir (--init-method-std, --kv-channels,
   --norm-epsilon and --qk-layernorm are ModelArgs fields);
-- flags accepted for what they do on a GPU only (fusions, empty_cache, kernel choice): documented, no effect on CPU.
+- flags accepted for what they do on a GPU only (fusions, empty_cache, kernel choice): documented, no effect on CPU;
+- kernel and fusion switches that change nothing here (KERNEL_SWITCHES): accepted, documented no-ops;
+- what this trainer does not have, Mixture-of-Experts and Megatron-FSDP (`unsupported`): one problem each, naming
+  the flags given, reported with the others in the one refusal line.
 
 Registered from arguments.build_parser with `add_arguments(parser, group)`; `resolve` runs with the layered
 arguments (it converts samples to steps), `errors` with the other argument checks. No torch here.
 """
 
 import argparse
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
+from megatron_sat import archs
 from megatron_sat.archs import ARCHS
 from megatron_sat.model import args as model_args
 
@@ -56,6 +60,17 @@ def add_arguments(parser: argparse.ArgumentParser, group) -> None:
     g("--tiktoken-pattern", default=None, help="accepted: Megatron-LM's TikTokenizer only; no effect here")
     g("--untie-embeddings-and-output-weights", action="store_true", names_run=True,
       help="a separate output layer (default: tied to the input embedding)")
+    g = group(parser, "Megatron-LM kernel and fusion switches (accepted; no effect here)", names_run=False)
+    for flag, why in KERNEL_SWITCHES.items():
+        g(flag, action="store_true", help="no-op: " + why)
+    g("--optimizer", default="adam", choices=["adam"],
+      help="no-op: the optimizer is Megatron-Core's Adam with decoupled weight decay (Megatron-LM's adam); sgd is "
+           "not offered")
+    g("--logging-level", type=int, default=None, metavar="LEVEL",
+      help="accepted: Megatron-LM's Python logging level; the trainer's own lines are always printed")
+    g("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+      help="with --recompute-granularity selective: core_attn (Megatron-LM's default, what selective recompute "
+           "recomputes here); other modules are refused")
     g = group(parser, "Megatron-LM training, data and logging flags", names_run=False)
     g("--lr-warmup-samples", type=int, default=None, metavar="N", names_run=True,
       help="warm up over N samples (Megatron-LM's sample-based schedule: N / global batch steps, fractional allowed)")
@@ -112,10 +127,62 @@ def add_arguments(parser: argparse.ArgumentParser, group) -> None:
       help="accepted: the phases logged with --log-timers-to-tensorboard are the same at every level")
 
 
+# kernel and fusion switches of Megatron-LM's scripts: each names a faster kernel for the same computation (or a
+# model property every arch here already has); accepted so that a script runs, and listed in docs/ecosystem.md
+KERNEL_SWITCHES = {
+    "--no-masked-softmax-fusion": "the attention softmax kernel is chosen by the attention backend",
+    "--no-bias-swiglu-fusion": "no linear layer has a bias; SwiGLU is computed the same either way",
+    "--no-bias-dropout-fusion": "no biases and no dropout here",
+    "--no-rope-fusion": "RoPE is applied by Megatron-Core's own kernel choice; the same rotation",
+    "--no-gradient-accumulation-fusion": "gradients accumulate in the main-gradient buffer either way",
+    "--attention-softmax-in-fp32": "the attention kernels here compute the softmax in fp32",
+    "--use-rotary-position-embeddings": "every arch here uses RoPE",
+    "--no-position-embedding": "no learned position table: RoPE",
+    "--no-check-for-nan-in-loss-and-grad": "the loss is checked every step here (a NaN stops the run with a report)",
+}
+
+# what Megatron-LM has and this trainer does not: (what, flag predicate, what to do)
+UNSUPPORTED: Sequence[Tuple[str, tuple, str]] = (
+    ("Mixture-of-Experts (MoE) is not supported here: the archs are dense", (
+        "--num-experts", "--moe-", "--expert-model-parallel-size", "--expert-tensor-parallel-size"),
+     "drop the MoE flags to train the dense model of the same shape"),
+    ("Megatron-FSDP is not supported here", (
+        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--init-model-with-meta-device", "--use-nccl-ub",
+        "--fsdp-", "--megatron-fsdp-", "--outer-dp-sharding-strategy", "--num-distributed-optimizer-instances"),
+     "drop its flags; --use-distributed-optimizer shards the optimizer state over data parallelism"),
+)
+
+
+def describe_arch(arch: str) -> str:
+    """The arch as the run banner names it, with its module's note (the Transformer says what its block is)."""
+    note = archs.get(arch).banner_note
+    return f"{arch} ({note})" if note else arch
+
+
+def unsupported(unknown: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(problems, rest) of argparse's unrecognized words: one problem per UNSUPPORTED feature whose flags are among
+    them (naming them with their values), the other words left for the generic 'unrecognized arguments'."""
+    groups, rest = {}, []
+    current = None
+    for word in unknown:
+        if word.startswith("--"):
+            flag = word.split("=", 1)[0]
+            current = next((what for what, flags, _ in UNSUPPORTED
+                            if any(flag == f or (f.endswith("-") and flag.startswith(f)) for f in flags)), None)
+        target = groups.setdefault(current, []) if current else rest
+        target.append(word)
+    problems = [f"{what} ({' '.join(groups[what])}): {fix}" for what, _, fix in UNSUPPORTED if what in groups]
+    return problems, rest
+
+
 def resolve(args: argparse.Namespace, level: dict) -> List[str]:
     """What depends on other flags: --recompute-activations, the sample-based schedule and the ramp-up's training
     length; `level` says where each value came from (arguments.resolve_args). Returns the errors."""
     errors = []
+    # Megatron-LM's scripts pass "--split '99,1,0'" as one word that bash splits on the space, so the quotes reach
+    # the program; Megatron-LM reads the numbers out of it, and so does this trainer
+    if isinstance(args.split, str):
+        args.split = args.split.strip().strip("'\"")
     if not (level.get("arch") or args.recipe or args.config):  # never a silent default model (a GPT script
         # would train SATFormer); a recipe or config file without an arch keeps the default, as it always did
         errors.append("which model? give --arch (one of " + ", ".join(ARCHS) + "), or a --recipe or --config that "

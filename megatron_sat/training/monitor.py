@@ -203,7 +203,8 @@ class Monitor:
     def __init__(self, args, run_config: dict, start_iteration: int, resumed: bool, is_logger: bool):
         self.args = args
         self.enabled = is_logger
-        self.bar = self.wandb = self.tensorboard = None
+        self.bar = self.wandb = self.tensorboard = self._bar_from = None
+        self.mfu_said = False  # why the step line has no MFU: said once
         self.metrics_path = os.path.join(args.save, "metrics.jsonl")
         self.last_step, self.closed = start_iteration, False
         self.wandb_logged_to = 0  # steps up to here were logged to this wandb run by earlier attempts
@@ -235,10 +236,14 @@ class Monitor:
             self.tensorboard = SummaryWriter(log_dir=args.tensorboard_dir,
                                              purge_step=start_iteration + 1 if resumed else None)
             self.print(f"tensorboard: event files in {args.tensorboard_dir}")
-        if args.progress_bar and sys.stdout.isatty():
+        self._bar_from = start_iteration if args.progress_bar and sys.stdout.isatty() else None
+
+    def start_bar(self) -> None:
+        """The progress bar, drawn from here on (after the run's banner, on its own line); it carries the loss."""
+        if self.enabled and self._bar_from is not None and self.bar is None:
             from tqdm import tqdm  # optional (the train extra)
 
-            self.bar = tqdm(total=args.train_iters, initial=start_iteration, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=self.args.train_iters, initial=self._bar_from, unit="step", dynamic_ncols=True)
 
     def _run_record(self, args, run_config: dict, start_iteration: int, resumed: bool) -> dict:
         """run_config plus what a sweep's tables need (module docstring); reads the previous attempts' records."""
@@ -336,11 +341,17 @@ class Monitor:
         if self.enabled:
             record = dict(record, **memory(), **device_memory())
         self.write(record)
-        mfu = "n/a" if record.get("mfu") is None else f"{100 * record['mfu']:.1f}%"
+        if record.get("mfu") is None and not self.mfu_said:  # once, not "MFU n/a" on every line
+            self.mfu_said = True
+            self.print("no MFU on the step lines: MFU needs the device's peak FLOP/s, which a CPU (or a GPU missing "
+                       "from the datasheet table) does not have; --peak-tflops N gives it")
+        mfu = "" if record.get("mfu") is None else f" | MFU {100 * record['mfu']:.1f}%"
         grad = "n/a" if record["grad_norm"] is None else f"{record['grad_norm']:.3f}"  # fp16: every step skipped
         line = (f"step {record['step']:>{len(str(self.args.train_iters))}}/{self.args.train_iters} | "
                 f"loss {record['loss']:.4f} | lr {record['lr']:.3e} | grad norm {grad} | "
-                f"{throughput_text(record)} | MFU {mfu}{memory_text(record)} | ETA {_fmt_time(eta_s)}")
+                f"{throughput_text(record)}{mfu}{memory_text(record)} | ETA {_fmt_time(eta_s)}")
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
         if "loss_scale" in record:
             line += f" | loss scale {record['loss_scale']:.6g} | skipped {record['skipped_iters']}"
         if record.get("gate_mean"):

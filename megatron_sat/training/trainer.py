@@ -303,9 +303,11 @@ class Loop:
         if resume is not None and schedule_mode == schedule.CHECKPOINT:
             run_config.update(followed_schedule(self.scheduler))
         self.monitor = Monitor(args, run_config, self.iteration, resumed=resume is not None, is_logger=rank == 0)
-        log(f"megatron-sat: {args.arch}, {num_params:,} parameters, {layout.describe(setup.world)}, "
+        log(f"megatron-sat: {megatron_lm_flags.describe_arch(args.arch)}, {num_params:,} parameters, "
+            f"{layout.describe(setup.world)}, "
             f"{setup.num_micro} micro-batches x {args.micro_batch_size} x {args.seq_length} tokens per rank, "
             f"{'bf16' if setup.bf16 else 'fp16' if args.fp16 else 'fp32'} on {setup.world} x {compat.device().type}")
+        self.monitor.start_bar()  # after the banner: the bar gets a line of its own
         self.gates = GateTelemetry(self.chunks, config.num_layers, compat.device()) if archs.get(args.arch).gated else None
         self.saver = ckpt.Saver(args.save, self.chunks, self.optimizer, self.scheduler, async_save=args.async_save,
                                 retain_interval=args.save_retain_interval, log=log,
