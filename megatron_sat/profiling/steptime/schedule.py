@@ -22,6 +22,7 @@ output layer and loss on the last), messages cost time, or m is small against p 
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
 
@@ -55,6 +56,15 @@ class ScheduleResult:
 
 def stage_order(rank: int, p: int, m: int, v: int = 1) -> List[Tuple[str, int, int]]:
     """Megatron-Core's order of ('F' | 'B', micro-batch, chunk) on pipeline stage `rank` (module docstring)."""
+    return list(_stage_order(rank, p, m, v))
+
+
+@lru_cache(maxsize=4096)  # the layout search simulates the same (stage, p, m, v) for many layouts
+def _stage_order(rank: int, p: int, m: int, v: int) -> Tuple[Tuple[str, int, int], ...]:
+    return tuple(_build_order(rank, p, m, v))
+
+
+def _build_order(rank: int, p: int, m: int, v: int) -> List[Tuple[str, int, int]]:
     if v == 1:
         warmup = min(p - rank - 1, m)
         order = [("F", i, 0) for i in range(warmup)]
@@ -86,7 +96,7 @@ def simulate(forward: Sequence[Sequence[float]], backward: Sequence[Sequence[flo
     (p2p_per_stage[r]: of the messages stage r sends, overriding p2p)."""
     p, v, m = len(forward), len(forward[0]), num_microbatches
     chunks = p * v
-    orders = [stage_order(r, p, m, v) for r in range(p)]
+    orders = [_stage_order(r, p, m, v) for r in range(p)]
     nan = float("nan")
     # end times by global chunk and micro-batch (NaN: not run yet); flat lists, the hot loop of the layout search
     f_done = [[nan] * m for _ in range(chunks)]
