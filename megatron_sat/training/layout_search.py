@@ -196,7 +196,7 @@ def _memory(cfg, c: Candidate, *, seq_length: int, vocab_size: int, global_batch
                 cfg, Layout(tp=c.tp, pp=c.pp, vpp=c.vpp, cp=c.cp, sp=c.sp), dp=c.dp,
                 micro_batch_size=c.micro_batch_size, num_microbatches=m, seq_length=seq, vocab_size=vocab_size,
                 bf16=precision in ("bf16", "fp8", "fp16"), distributed_optimizer=False, recompute=recompute,
-                backend="te" if gpu else "local")
+                backend="te" if gpu else "local", memo=cache)
         return cache[key]
 
     mem = dict(plan(seq_length // c.cp, c.recompute))

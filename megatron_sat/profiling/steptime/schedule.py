@@ -95,6 +95,14 @@ def simulate(forward: Sequence[Sequence[float]], backward: Sequence[Sequence[flo
     micro-batch (v = len(forward[0]) chunks per stage); p2p: seconds of one message between adjacent chunks
     (p2p_per_stage[r]: of the messages stage r sends, overriding p2p)."""
     p, v, m = len(forward), len(forward[0]), num_microbatches
+    if p == 1 and v == 1:  # one stage: forward, backward, forward, ... back to back (the loop below, unrolled)
+        f, b = forward[0][0], backward[0][0]
+        t = 0.0
+        for _ in range(m):
+            t = t + f
+            t = t + b
+        return ScheduleResult(time=t, busy=[t], finish=[t], last_backward=[b if m else 0.0],
+                              first_forward=[f if m else 0.0])
     chunks = p * v
     orders = [_stage_order(r, p, m, v) for r in range(p)]
     nan = float("nan")
