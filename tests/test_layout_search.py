@@ -54,6 +54,25 @@ def test_given_flags_are_held_and_the_rest_searched():
     assert len({r.candidate.tp for r in free.ranked}) > 1 and len(free.ranked) > len(result.ranked)
 
 
+def test_the_search_costs_each_layer_once_per_cost_key_and_predicts_as_without_its_memo():
+    """The search's memo (steptime.predict_step's memo): a layer is costed once per set of the fields its cost
+    depends on (layer_costs.cost_key), not once per layout, and a layout predicted alone gives the same numbers."""
+    from megatron_sat import steptime
+    from megatron_sat.model.args import model_args
+
+    args = resolve_args(None, MODEL)
+    result = layout_search.search(args, "2x4xH100", MODEL)
+    keys = {(c.tp, c.cp, c.micro_batch_size, c.sp, c.recompute) for c in (r.candidate for r in result.ranked)}
+    assert result.layer_costs == 8 * len(keys)  # 8 layers, each once per key
+    assert 4 * result.layer_costs < 8 * len(result.ranked)  # against once per layer and layout
+    model = model_args(args)
+    for r in result.ranked[:: max(1, len(result.ranked) // 6)]:
+        vocab = planner.padded_vocab_size(32000, args, r.candidate.tp)
+        alone = steptime.predict_step(model, r.prediction.layout, result.cluster, seq_length=2048, vocab_size=vocab)
+        assert r.as_dict() == layout_search.Ranked(r.candidate, alone, r.memory).as_dict()
+        assert alone.breakdown == r.prediction.breakdown
+
+
 def test_layouts_the_memory_plan_refuses_are_absent():
     """On 1 H100 the 8-layer 2048-wide model at micro-batch 16 without recompute keeps its s x s attention scores
     (5as^2b per layer): over 80 GB, the plan refuses it and the search drops it; with selective recompute it fits."""

@@ -173,38 +173,60 @@ def head_cost(model, layout, c: Cluster, seq_length: int, vocab_size: int) -> tu
     return fwd, bwd
 
 
+def cost_key(layout, seq_length: int) -> tuple:
+    """The layout's fields a layer's, the embedding's and the head's costs depend on (with the model and the
+    cluster): the key under which stage_costs' memo keeps them."""
+    return (layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.precision,
+            layout.tp_comm_overlap, layout.recompute, seq_length)
+
+
 def stage_costs(model, layout, c: Cluster, seq_length: int, vocab_size: int,
-                chunk_layers: List[range]) -> tuple:
-    """(forward[r][v], backward[r][v]) Costs of every pipeline stage's chunks for one micro-batch."""
+                chunk_layers: List[range], memo: Optional[dict] = None) -> tuple:
+    """(forward[r][v], backward[r][v]) Costs of every pipeline stage's chunks for one micro-batch.
+
+    memo: a dict shared by calls for the same model and cluster (the layout search's), in which each layer's and
+    each chunk's Costs are kept under cost_key, so that layouts sharing those fields cost them once. The Costs
+    returned may be shared through it: read them, do not change them."""
     pp, chunks = layout.pp, layout.vpp or 1
-    cache: Dict[int, tuple] = {}
+    memo = {} if memo is None else memo
+    key = cost_key(layout, seq_length)
 
     def one(layer: int) -> tuple:
-        if layer not in cache:
-            cache[layer] = layer_cost(model, layer, layout, c, seq_length)
-        return cache[layer]
+        k = ("layer", layer, key)
+        if k not in memo:
+            memo[k] = layer_cost(model, layer, layout, c, seq_length)
+        return memo[k]
+
+    def chunk(layers: range, first: bool, last: bool) -> tuple:
+        k = ("chunk", layers.start, layers.stop, layers.step, first, last, key, vocab_size if last else None)
+        if k in memo:
+            return memo[k]
+        f, b = Cost(), Cost()
+        for layer in layers:
+            lf, lb = one(layer)
+            f.merge(lf)
+            b.merge(lb)
+        if first:
+            ek = ("embedding", key)
+            if ek not in memo:
+                memo[ek] = embedding_cost(model, layout, c, seq_length)
+            f.merge(memo[ek][0])
+            b.merge(memo[ek][1])
+        if last:
+            hf, hb = head_cost(model, layout, c, seq_length, vocab_size)
+            f.merge(hf)
+            b.merge(hb)
+        memo[k] = (f, b)
+        return memo[k]
 
     fwd: List[List[Cost]] = []
     bwd: List[List[Cost]] = []
     last = pp * chunks - 1
-    emb: Optional[tuple] = None
     for r in range(pp):
         fr, br = [], []
         for v in range(chunks):
             g = v * pp + r
-            f, b = Cost(), Cost()
-            for layer in chunk_layers[g]:
-                lf, lb = one(layer)
-                f.merge(lf)
-                b.merge(lb)
-            if g == 0:
-                emb = emb or embedding_cost(model, layout, c, seq_length)
-                f.merge(emb[0])
-                b.merge(emb[1])
-            if g == last:
-                hf, hb = head_cost(model, layout, c, seq_length, vocab_size)
-                f.merge(hf)
-                b.merge(hb)
+            f, b = chunk(chunk_layers[g], g == 0, g == last)
             fr.append(f)
             br.append(b)
         fwd.append(fr)

@@ -162,9 +162,13 @@ def stage_parameters(model, layers, tp: int, *, first: bool, last: bool, vocab_s
 
 
 def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_size: int,
-                 tied_embeddings: bool = True) -> StepPrediction:
+                 tied_embeddings: bool = True, memo: Optional[dict] = None) -> StepPrediction:
     """Predict one training step of `model_args` (a ModelArgs) under `layout` on `cluster` (a Cluster or a spec
-    such as "4x8xH100"). ValueError when the layout does not fit the cluster or the model."""
+    such as "4x8xH100"). ValueError when the layout does not fit the cluster or the model.
+
+    memo: a dict shared by calls for the same model_args and cluster (the layout search passes one per search):
+    the layers', chunks', stages' parameter counts and pipeline schedules computed for one layout are reused by
+    the next that shares them; the prediction is the same as without it."""
     c = make_cluster(cluster)
     errors = layout.errors(model_args.num_layers)
     t = layout.tp
@@ -180,7 +184,8 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
         raise ValueError("; ".join(errors))
     hw, pp, chunks, m = c.gpu, layout.pp, layout.vpp or 1, layout.num_microbatches
     split = chunk_layers(model_args.num_layers, pp * chunks)
-    fwd, bwd = stage_costs(model_args, layout, c, seq_length, vocab_size, split)
+    memo = {} if memo is None else memo
+    fwd, bwd = stage_costs(model_args, layout, c, seq_length, vocab_size, split, memo)
 
     # pipeline messages: stage r sends to stage r + 1 (the last to the first, interleaved), ranks tp cp dp apart
     a = 2 if layout.precision in ("bf16", "fp16", "fp8") else 4
@@ -191,8 +196,12 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
     stride = layout.tp * layout.cp * layout.dp
     p2p = [collectives.send(c, message, (r * stride) // c.gpus_per_node != (((r + 1) % pp) * stride) // c.gpus_per_node)
            for r in range(pp)]
-    sched = simulate([[x.total for x in row] for row in fwd], [[x.total for x in row] for row in bwd], m,
-                     p2p_per_stage=p2p if pp > 1 else None)
+    f_times = tuple(tuple(x.total for x in row) for row in fwd)
+    b_times = tuple(tuple(x.total for x in row) for row in bwd)
+    sched_key = ("schedule", f_times, b_times, m, tuple(p2p) if pp > 1 else None)
+    if sched_key not in memo:
+        memo[sched_key] = simulate(f_times, b_times, m, p2p_per_stage=p2p if pp > 1 else None)
+    sched = memo[sched_key]
 
     # data parallelism and the optimizer, per stage
     dp_group = layout.dp * layout.cp
@@ -201,8 +210,11 @@ def predict_step(model_args, layout: Layout, cluster, *, seq_length: int, vocab_
     per_stage = []
     for r in range(pp):
         layers = [i for v in range(chunks) for i in split[v * pp + r]]
-        params = stage_parameters(model_args, layers, layout.tp, first=r == 0, last=r == pp - 1,
-                                  vocab_size=vocab_size, tied_embeddings=tied_embeddings)
+        params_key = ("parameters", tuple(layers), layout.tp, r == 0, r == pp - 1, vocab_size, tied_embeddings)
+        if params_key not in memo:
+            memo[params_key] = stage_parameters(model_args, layers, layout.tp, first=r == 0, last=r == pp - 1,
+                                                vocab_size=vocab_size, tied_embeddings=tied_embeddings)
+        params = memo[params_key]
         grad_bytes = params * (4 if layout.grad_reduce_in_fp32 or a == 4 else 2)
         frac = min(1.0, bucket / params) if params else 1.0
         if layout.distributed_optimizer:

@@ -22,6 +22,7 @@ output layer and loss on the last), messages cost time, or m is small against p 
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
 
@@ -55,6 +56,36 @@ class ScheduleResult:
 
 def stage_order(rank: int, p: int, m: int, v: int = 1) -> List[Tuple[str, int, int]]:
     """Megatron-Core's order of ('F' | 'B', micro-batch, chunk) on pipeline stage `rank` (module docstring)."""
+    return list(_stage_order(rank, p, m, v))
+
+
+@lru_cache(maxsize=4096)  # the layout search simulates the same (stage, p, m, v) for many layouts
+def _stage_order(rank: int, p: int, m: int, v: int) -> Tuple[Tuple[str, int, int], ...]:
+    return tuple(_build_order(rank, p, m, v))
+
+
+@lru_cache(maxsize=1024)
+def _plans(p: int, m: int, v: int) -> tuple:
+    """Every stage's order as (forward?, slot it waits for, stage whose message it waits for (-1: none), chunk,
+    slot it ends): slot 0 is time 0, 1 + g m + mb chunk g's forward of micro-batch mb, 1 + (p v + g) m + mb its
+    backward."""
+    chunks = p * v
+    plans = []
+    for r in range(p):
+        ops = []
+        for kind, mb, c in _stage_order(r, p, m, v):
+            g = c * p + r
+            if kind == "F":
+                dep, h = (0, -1) if g == 0 else (1 + (g - 1) * m + mb, (g - 1) % p)
+                ops.append((True, dep, h, c, 1 + g * m + mb))
+            else:
+                dep, h = (1 + g * m + mb, -1) if g == chunks - 1 else (1 + (chunks + g + 1) * m + mb, (g + 1) % p)
+                ops.append((False, dep, h, c, 1 + (chunks + g) * m + mb))
+        plans.append(tuple(ops))
+    return tuple(plans)
+
+
+def _build_order(rank: int, p: int, m: int, v: int) -> List[Tuple[str, int, int]]:
     if v == 1:
         warmup = min(p - rank - 1, m)
         order = [("F", i, 0) for i in range(warmup)]
@@ -85,52 +116,51 @@ def simulate(forward: Sequence[Sequence[float]], backward: Sequence[Sequence[flo
     micro-batch (v = len(forward[0]) chunks per stage); p2p: seconds of one message between adjacent chunks
     (p2p_per_stage[r]: of the messages stage r sends, overriding p2p)."""
     p, v, m = len(forward), len(forward[0]), num_microbatches
-    chunks = p * v
-    orders = [stage_order(r, p, m, v) for r in range(p)]
-    nan = float("nan")
-    # end times by global chunk and micro-batch (NaN: not run yet); flat lists, the hot loop of the layout search
-    f_done = [[nan] * m for _ in range(chunks)]
-    b_done = [[nan] * m for _ in range(chunks)]
+    if p == 1 and v == 1:  # one stage: forward, backward, forward, ... back to back (the loop below, unrolled)
+        f, b = forward[0][0], backward[0][0]
+        t = 0.0
+        for _ in range(m):
+            t = t + f
+            t = t + b
+        return ScheduleResult(time=t, busy=[t], finish=[t], last_backward=[b if m else 0.0],
+                              first_forward=[f if m else 0.0])
+    plans = _plans(p, m, v)
+    # end times by slot (_plans: 0 a constant 0.0, then every chunk's forward and backward of every micro-batch;
+    # NaN: not run yet); flat lists, the hot loop of the layout search
+    done = [float("nan")] * (1 + 2 * p * v * m)
+    done[0] = 0.0
     free = [0.0] * p
     busy = [0.0] * p
     nxt = [0] * p
     last_backward = [0.0] * p
     first_forward = [0.0] * p
-    hop = list(p2p_per_stage) if p2p_per_stage is not None else [p2p] * p
-    remaining = sum(len(o) for o in orders)
+    hop = (list(p2p_per_stage) if p2p_per_stage is not None else [p2p] * p) + [0.0]  # [-1]: no message
+    remaining = sum(len(o) for o in plans)
     while remaining:
         progressed = False
         for r in range(p):
-            order, t_free = orders[r], free[r]
-            i = nxt[r]
-            while i < len(order):
-                kind, mb, c = order[i]
-                g = c * p + r
-                if kind == "F":
-                    if g == 0:
-                        t = 0.0
-                    else:
-                        t = f_done[g - 1][mb] + hop[(g - 1) % p]
-                    cost = forward[r][c]
-                elif g == chunks - 1:
-                    t, cost = f_done[g][mb], backward[r][c]
-                else:
-                    t, cost = b_done[g + 1][mb] + hop[(g + 1) % p], backward[r][c]
+            ops, t_free, spent = plans[r], free[r], busy[r]
+            fwd_r, bwd_r = forward[r], backward[r]
+            i = start = nxt[r]
+            n = len(ops)
+            while i < n:
+                is_fwd, dep, h, c, out = ops[i]
+                t = done[dep] + hop[h]
                 if t != t:  # NaN: what it waits for has not run
                     break
+                cost = fwd_r[c] if is_fwd else bwd_r[c]
                 t_free = (t_free if t_free > t else t) + cost
-                busy[r] += cost
-                if kind == "F":
-                    f_done[g][mb] = t_free
-                    if i == 0:
-                        first_forward[r] = cost
-                else:
-                    b_done[g][mb] = t_free
+                spent += cost
+                done[out] = t_free
+                if not is_fwd:
                     last_backward[r] = cost
+                elif i == 0:
+                    first_forward[r] = cost
                 i += 1
-                remaining -= 1
+            if i > start:
+                remaining -= i - start
                 progressed = True
-            free[r], nxt[r] = t_free, i
+            free[r], busy[r], nxt[r] = t_free, spent, i
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked (an order Megatron-Core would not run)")
     return ScheduleResult(time=max(free), busy=busy, finish=free, last_backward=last_backward,

@@ -108,6 +108,7 @@ class SearchResult:
     refused_memory: int = 0  # of those, over the GPU's memory
     dominated: int = 0  # of those, a heavier recompute of a layout whose lighter one fits (not predicted)
     capacity_gib: Optional[float] = None
+    layer_costs: int = 0  # layer cost evaluations (steptime's memo: once per layer and cost_key, not per layout)
 
 
 def given_dests(overrides: Sequence[str]) -> Dict[str, object]:
@@ -195,7 +196,7 @@ def _memory(cfg, c: Candidate, *, seq_length: int, vocab_size: int, global_batch
                 cfg, Layout(tp=c.tp, pp=c.pp, vpp=c.vpp, cp=c.cp, sp=c.sp), dp=c.dp,
                 micro_batch_size=c.micro_batch_size, num_microbatches=m, seq_length=seq, vocab_size=vocab_size,
                 bf16=precision in ("bf16", "fp8", "fp16"), distributed_optimizer=False, recompute=recompute,
-                backend="te" if gpu else "local")
+                backend="te" if gpu else "local", memo=cache)
         return cache[key]
 
     mem = dict(plan(seq_length // c.cp, c.recompute))
@@ -240,6 +241,7 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
     base = steptime.layout_from_args(args, world)
     vocab_cache: Dict[int, int] = {}
     fits: set = set()  # layouts (less recompute) with a recompute that fits: heavier ones are dominated
+    memo: dict = {}  # steptime.predict_step's: layer, chunk, parameter and schedule results shared by the layouts
     for c in candidates(model, world=world, seq_length=seq, global_batch_size=gbs, gpu=gpu, fixed=fixed):
         result.considered += 1
         shape = (c.tp, c.pp, c.vpp, c.cp, c.micro_batch_size, c.sp, c.distributed_optimizer)
@@ -255,8 +257,10 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
             result.refused_memory += 1
             continue
         fits.add(shape)
-        pred = steptime.predict_step(model, step_layout(base, c, precision), cl, seq_length=seq, vocab_size=vocab)
+        pred = steptime.predict_step(model, step_layout(base, c, precision), cl, seq_length=seq, vocab_size=vocab,
+                                     memo=memo)
         result.ranked.append(Ranked(c, pred, mem))
+    result.layer_costs = sum(1 for k in memo if k[0] == "layer")
     result.ranked.sort(key=lambda r: (r.prediction.step_time_s, r.memory["total"]))
     if top:
         result.ranked = result.ranked[:top]

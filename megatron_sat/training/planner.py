@@ -364,16 +364,17 @@ def _connection_bytes(cfg, layer: int, *, s: int, b: int, t: int, sp_div: int, a
 def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbatches: int, seq_length: int,
                     vocab_size: int, bf16: bool = True, distributed_optimizer: bool = True,
                     recompute: Optional[str] = "selective", activation_bytes: Optional[int] = None,
-                    backend: str = "te") -> Dict[str, float]:
+                    backend: str = "te", memo: Optional[dict] = None) -> Dict[str, float]:
     """GiB per GPU on the worst pipeline stage, by part (see the module docstring for the formulas).
 
     activation_bytes: bytes per activation value (default 2 with bf16, else 4); backend: 'te' or 'local'
-    (Megatron-Core's RMSNorm, which also keeps the normalised input of the baselines' extra norms).
+    (Megatron-Core's RMSNorm, which also keeps the normalised input of the baselines' extra norms); memo: see
+    stage_estimates.
     """
     stages = stage_estimates(cfg, layout, dp=dp, micro_batch_size=micro_batch_size,
                              num_microbatches=num_microbatches, seq_length=seq_length, vocab_size=vocab_size, bf16=bf16,
                              distributed_optimizer=distributed_optimizer, recompute=recompute,
-                             activation_bytes=activation_bytes, backend=backend)
+                             activation_bytes=activation_bytes, backend=backend, memo=memo)
     worst = max(stages, key=lambda st: st["total"])  # the first of equal ones, as before
     return worst["gib"]
 
@@ -381,13 +382,15 @@ def estimate_memory(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
 def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbatches: int, seq_length: int,
                     vocab_size: int, bf16: bool = True, distributed_optimizer: bool = True,
                     recompute: Optional[str] = "selective", activation_bytes: Optional[int] = None,
-                    backend: str = "te") -> List[dict]:
+                    backend: str = "te", memo: Optional[dict] = None) -> List[dict]:
     """Every pipeline stage's plan (estimate_memory's arguments), what the dry run checks a built rank against:
     params (this rank's, exact), its weights/grads/optimizer bytes, per_micro_batch (bytes autograd saves in one
     micro-batch's forward over this rank's chunks: block, logits, connections and V1; no pipeline buffers),
     message ([s', b, channels] of every pipeline message), in_flight, total (bytes) and gib (estimate_memory's
-    dict for this stage)."""
+    dict for this stage). memo: a dict shared by calls for the same cfg (the layout search's), keeping each
+    stage's layer parameter counts for the next layout with the same layers and TP."""
     t, pp, vpp = layout.tp, layout.pp, layout.vpp
+    memo = {} if memo is None else memo
     chunks = vpp or 1
     s, b, h = seq_length, micro_batch_size, cfg.hidden_size
     a, g, d = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
@@ -447,7 +450,10 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
             in_flight = min(pp, m) * (1 + (pp - 1) / (pp * vpp))
         mine = [v * pp + stage for v in range(chunks)]  # this rank's chunks (global chunk index)
         layers = [i for c in mine for i in split[c]]
-        sharded, replicated = (sum(x) for x in zip(*(_layer_params(cfg, i, t) for i in layers)))
+        params_key = ("layer_params", tuple(layers), t)
+        if params_key not in memo:
+            memo[params_key] = tuple(sum(x) for x in zip(*(_layer_params(cfg, i, t) for i in layers)))
+        sharded, replicated = memo[params_key]
         params = sharded / t + replicated + chunks * _chunk_params(cfg)
         if stage == 0:
             params += emb
