@@ -163,7 +163,7 @@ def test_lm_eval_form_refusals(export, tmp_path, capsys):
 
 
 @pytest.mark.slow  # lm-eval's CLI indexes every task of lm-eval before it builds the model
-def test_plain_lm_eval_refuses_a_missing_or_torn_checkpoint_in_one_line(tmp_path, capsys):
+def test_plain_lm_eval_refuses_a_missing_or_torn_checkpoint_in_one_line(tmp_path, capsys, monkeypatch):
     """`lm_eval --model megatron_sat --model_args checkpoint=MISSING` as typed, and a run folder holding only a torn
     iter_XXXXXXX.tmp built the way lm-eval's CLI builds the model (create_from_arg_string, with its CLI loaded): one
     line (no traceback), exit 2, nothing written; from Python (no CLI) the same message is a ConversionError."""
@@ -184,11 +184,13 @@ def test_plain_lm_eval_refuses_a_missing_or_torn_checkpoint_in_one_line(tmp_path
     (run / "iter_0000005.tmp" / "common.pt").write_bytes(b"torn")
     torn = (f"{run} has no latest_checkpointed_iteration.txt and is not a checkpoint folder (only unfinished "
             "checkpoints: iter_0000005.tmp; wait for the save to finish)")
-    if "lm_eval._cli" not in sys.modules:  # from Python: the exception, for the caller to handle
-        with pytest.raises(ConversionError, match="only unfinished checkpoints: iter_0000005.tmp"):
-            MegatronLM.create_from_arg_string(f"checkpoint={run}")
-    import lm_eval._cli  # noqa: F401  (what lm_eval and megatron-sat-evaluate run have loaded)
+    import lm_eval._cli  # noqa: F401  (loaded by an earlier lm-eval use in this process: still a Python caller)
 
+    from megatron_sat.analysis import lm_eval_cli
+
+    with pytest.raises(ConversionError, match="only unfinished checkpoints: iter_0000005.tmp"):
+        MegatronLM.create_from_arg_string(f"checkpoint={run}")  # from Python: the exception, for the caller
+    monkeypatch.setattr(lm_eval_cli, "RUNNING", True)  # as while megatron-sat-evaluate's lm-eval form runs lm-eval
     with pytest.raises(SystemExit) as e:
         MegatronLM.create_from_arg_string(f"checkpoint={run}")
     err = capsys.readouterr().err

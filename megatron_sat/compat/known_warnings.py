@@ -65,7 +65,9 @@ def quiet() -> bool:
         for module in modules:
             warnings.filterwarnings("ignore", message=re.escape(message), category=category,
                                     module=re.escape(module) + r"\Z")
-            entries.append(f"ignore:{message}:{category.__name__}:{module}")
+            # -W's fields are split on ':' and PYTHONWARNINGS' entries on ',', and its message is matched as a
+            # prefix: the message up to either character (a malformed entry costs every child a stderr line)
+            entries.append(f"ignore:{re.split('[,:]', message)[0]}:{category.__name__}:{module}")
     # the processes this one spawns (the checkpoint writer, its queue's manager) import megatron-core afresh and
     # inherit the environment, not the filters
     known = os.environ.get("PYTHONWARNINGS", "")
