@@ -445,23 +445,31 @@ def test_a_collective_that_times_out_before_the_watchdog_is_reported_as_a_hang(t
     assert took < 30, f"ended {took:.0f} s after the stop (M = 2 s, T = 60 s)"
 
 
-def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
-    run = tmp_path / "run"
-    flags = ["--save-interval", "5", "--hang-timeout-minutes", HANG_TIMEOUT_MIN, "--distributed-timeout-minutes", "5"]
-    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags)
+def _stop_rank_1(run, log, flags, after_step: int):
+    """A DP2 job under megatron_sat.torchrun whose rank 1 is SIGSTOPped once `after_step` steps are logged, waited for:
+    (its exit code, seconds from the stop to its end, every process it had); nothing of it is left running."""
+    proc = _launch("megatron_sat.torchrun", 2, run, log, *flags)
+    ranks = {}
     try:
-        wait_for(lambda: _steps(run) >= 8, proc, "step 8")
+        wait_for(lambda: _steps(run) >= after_step, proc, f"step {after_step}")
         ranks = _ranks(proc, 2)
         everything = _descendants(proc.pid)
         os.kill(ranks[1].pid, signal.SIGSTOP)
         t_stop = time.time()
         rc = proc.wait(timeout=300)
-        took = time.time() - t_stop
+        return rc, time.time() - t_stop, everything
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        if psutil.pid_exists(ranks[1].pid):
-            os.kill(ranks[1].pid, signal.SIGKILL)
+        for p in ranks.values():
+            if psutil.pid_exists(p.pid):
+                p.kill()
+
+
+def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
+    run = tmp_path / "run"
+    flags = ["--save-interval", "5", "--hang-timeout-minutes", HANG_TIMEOUT_MIN, "--distributed-timeout-minutes", "5"]
+    rc, took, everything = _stop_rank_1(run, tmp_path / "a.log", flags, after_step=8)
     log = _log(tmp_path / "a.log")
     assert rc == 75, log[-4000:]
     assert took < 60 * HANG_TIMEOUT_MIN + 20, f"detected after {took:.0f} s"
@@ -489,22 +497,7 @@ def test_a_stopped_rank_whose_collective_times_out_first_ends_as_a_hang(tmp_path
     (launch.sh requeues on both; the rerun resumes as in the test above: nothing is saved on either path)."""
     run = tmp_path / "run"
     flags = ["--save-interval", "100", "--hang-timeout-minutes", "1", "--distributed-timeout-minutes", "0.4"]
-    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags)
-    ranks = {}
-    try:
-        wait_for(lambda: _steps(run) >= 3, proc, "step 3")
-        ranks = _ranks(proc, 2)
-        everything = _descendants(proc.pid)
-        os.kill(ranks[1].pid, signal.SIGSTOP)
-        t_stop = time.time()
-        rc = proc.wait(timeout=300)
-        took = time.time() - t_stop
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for p in ranks.values():
-            if psutil.pid_exists(p.pid):
-                p.kill()
+    rc, took, everything = _stop_rank_1(run, tmp_path / "a.log", flags, after_step=3)
     log = _log(tmp_path / "a.log")
     assert rc == 75, log[-4000:]
     assert "--hang-timeout-minutes 1 is above 0.8 x --distributed-timeout-minutes 0.4: a hung collective may time " \
