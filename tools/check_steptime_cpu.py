@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,23 +69,21 @@ def _port() -> int:
     return free_port()
 
 
-def predict(name: str, opts, hardware) -> object:
+def predict(name: str, opts, measured) -> object:
     """The step-time model's StepPrediction of layout `name` on one node of the layout's processes, each one
-    measured CPU `hardware` (cpu_hardware.cpu_hardware)."""
+    measured CPU rank with that many ranks busy (cpu_hardware.cpu_hardware), with the schedule flags the trainer
+    resolves on a CPU (no distributed optimizer, no overlapped gradient reduction unless asked for)."""
     from megatron_sat import steptime
     from megatron_sat.model.args import model_args
+    from megatron_sat.profiling.cpu_hardware import cpu_hardware
     from megatron_sat.training.planner import padded_vocab_size, resolve_args
 
     nproc, flags = LAYOUTS[name]
     args = resolve_args(None, model_flags(opts)[2:] + flags + ["--train-iters", "1"])
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    dp = nproc // (tp * pp)
-    layout = steptime.Layout(tp=tp, pp=pp, vpp=args.num_virtual_stages_per_pipeline_rank, dp=dp, cp=1,
-                             micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                             sequence_parallel=False, recompute=None, distributed_optimizer=False, precision="fp32")
-    cluster = steptime.Cluster(gpu=hardware, nodes=1, gpus_per_node=nproc)
+    layout = replace(steptime.layout_from_args(args, nproc), distributed_optimizer=bool(args.use_distributed_optimizer))
+    cluster = steptime.Cluster(gpu=cpu_hardware(measured, ranks=nproc), nodes=1, gpus_per_node=nproc)
     return steptime.predict_step(model_args(args), layout, cluster, seq_length=args.seq_length,
-                                 vocab_size=padded_vocab_size(args.vocab_size, args, tp))
+                                 vocab_size=padded_vocab_size(args.vocab_size, args, args.tensor_model_parallel_size))
 
 
 def main(argv=None) -> int:
@@ -109,7 +108,7 @@ def main(argv=None) -> int:
         print(f"error: unknown layout(s) {', '.join(unknown)}; known: {', '.join(LAYOUTS)}", file=sys.stderr)
         return 2
     # torch, the benchmark and the model only now that the arguments are good
-    from megatron_sat.profiling.cpu_hardware import cpu_hardware, measure, model_shapes
+    from megatron_sat.profiling.cpu_hardware import measure, model_shapes
 
     t0 = time.time()
     measured = measure(model_shapes(opts.hidden_size, 4 * opts.hidden_size, opts.num_attention_heads,
@@ -119,11 +118,10 @@ def main(argv=None) -> int:
                                   opts.hidden_size // opts.num_attention_heads))
     print(measured, f"({time.time() - t0:.0f} s)")
     load = os.getloadavg()[0]
-    hardware = cpu_hardware(measured, ranks=2)
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for name in names:
-            pred = predict(name, opts, hardware)
+            pred = predict(name, opts, measured)
             real = measure_run(name, opts, work)
             rows.append(dict(layout=name, predicted_s=pred.step_time_s, measured_s=real,
                              error=pred.step_time_s / real - 1, bubble_share=pred.bubble_share,
