@@ -97,7 +97,6 @@ class Window:
         self.skipped += not result.success
 
 
-
 class Loop:
     """The built run: run() trains it."""
 
@@ -314,7 +313,6 @@ class Loop:
             return total * float("nan"), count, {"lm loss": report["lm loss"] * float("nan")}
 
         return output, nan_loss
-
 
 
 def describe_checkpoint(save) -> str:
