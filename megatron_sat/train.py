@@ -21,11 +21,12 @@ Set MEGATRON_SAT_VERBOSE=1 to see megatron-core's warnings and info messages.
 import logging
 import sys
 
-from megatron_sat.training.arguments import parse_args  # no torch, no megatron-core
+from megatron_sat.training.arguments import parse_run  # no torch, no megatron-core
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)  # exits with code 2 and a message on bad input, before any heavy import
+    resolution = parse_run(argv)  # exits with code 2 and a message on bad input, before any heavy import
+    args = resolution.args
     # torch and megatron-core are imported after the arguments are parsed (--help and bad input answer at once)
     # and after the known harmless warnings are filtered (megatron-core warns at import)
     from megatron_sat.compat.known_warnings import quiet
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     if args.eval_tasks:  # lm-eval on the model being trained (the trainer may not import analysis/)
         from megatron_sat.analysis.training_tasks import TaskRunner as task_runner  # lm-eval: optional (eval extra)
     try:
-        return train(args, task_runner=task_runner)
+        return train(args, task_runner=task_runner, resolution=resolution)
     finally:
         teardown()
 

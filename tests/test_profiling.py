@@ -143,7 +143,7 @@ def _tool():
     (["--scale", "7B"], "unknown --scale"),
     (["--nproc", "3", "--tp", "2"], "not divisible by TP x PP"),
     (["--pp", "3", "--nproc", "3"], "num_layers=4 is not divisible"),
-    (["--global-batch-size", "3"], "global batch 3 is not divisible"),
+    (["--global-batch-size", "3"], "--global-batch-size 3 is not divisible by --micro-batch-size x data-parallel"),
     (["--steps", "2", "--trace-steps", "2-5"], "outside the measured steps"),
     (["--trace-steps", "x"], "--trace-steps wants"),
     (["--steps", "0"], "--steps must be >= 1"),
@@ -158,6 +158,25 @@ def test_bad_arguments(argv, message, capsys, monkeypatch):
         tool.main(argv + ["--out", "/nonexistent/never_written"])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_trainers_complete_check_on_one_line(tmp_path, capsys, monkeypatch):
+    """The profiler runs the trainer's complete argument check (argument_checks.argument_errors, as --print-config,
+    plan-layout and the dry run do) on each profiled arch's arguments: a config file with two problems only that
+    check catches (the --grad-reduce-in-bf16 clash, --min-lr above --lr) is refused with both, on one line, exit 2."""
+    for var in ("WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grad-reduce-in-bf16: true\naccumulate-allreduce-grads-in-fp32: true\nmin-lr: 0.5\n")
+    with pytest.raises(SystemExit) as exc:
+        _tool().main(["--recipe", "debug_transformer", "--config", str(bad), "--archs", "transformer", "satformer",
+                      "--out", str(tmp_path / "never_written")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ": error: 2 problems: " in err[0], err  # each problem once, not once per arch
+    assert "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict" in err[0]
+    assert "need 0 <= --min-lr (0.5) <= --lr" in err[0]
+    assert not (tmp_path / "never_written").exists()
 
 
 def test_gpu_check_refuses_without_cuda(tmp_path):

@@ -15,7 +15,7 @@ import yaml
 from megatron_sat.profiling import settings as profiler_settings
 from megatron_sat.sweep.plan import resolve
 from megatron_sat.training import planner
-from megatron_sat.training.arguments import build_parser, parse_args, recipe_args
+from megatron_sat.training.arguments import build_parser, parse_args, parse_run, recipe_args
 from megatron_sat.training.config_file import config_dict
 from megatron_sat.training.monitor import scale_name
 
@@ -96,8 +96,9 @@ def test_every_tool_resolves_as_the_trainer(recipe, flags, files, capsys, monkey
     assert plan.parameters == planner.make_plan(trained, recipe=recipe or "none", nodes=plan.nodes,
                                                 gpus_per_node=plan.gpus_per_node, gpu=plan.gpu).parameters
 
-    # the monitor's scale: the recipe's when the run kept its shape, else the shape
-    record = vars(trained)
+    # the monitor's scale: the recipe's when the run kept its shape, else the shape (from the sources the trainer
+    # records in config.json)
+    record = dict(vars(trained), **parse_run(argv).record())
     kept = recipe and all(record[k] == getattr(recipe_args(recipe), k) for k in ("num_layers", "hidden_size"))
     assert scale_name(record) == ("debug" if kept else f"{trained.num_layers}x{trained.hidden_size}")
 
@@ -187,3 +188,31 @@ def test_the_resolver_says_where_each_value_came_from(files):
     assert r.given("config") == {"hidden_size": 96, "lr": 0.002}  # train_iters: the flag's
     alone = resolve_layers(None, ["--config", files["alone"], "--hidden-size", "128"])
     assert (alone.sources["num_layers"], alone.sources["hidden_size"], alone.recipe) == ("config", "flag", {})
+
+
+def test_scale_label_reads_the_recorded_sources(tmp_path, monkeypatch):
+    """monitor.scale_name names a run by what its config.json recorded of the resolution (arguments.Resolution.record:
+    "sources" and "recipe_values"), not by the recipe as this checkout defines it: a recipe whose shape changed
+    after the run keeps the run's label, a flag repeating the recipe's value keeps it too, another value names the
+    shape."""
+    monkeypatch.chdir(tmp_path)
+    for var in ("WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+
+    def record(*flags):
+        run = parse_run(["--recipe", RECIPE, *flags])
+        return dict(vars(run.args), **run.record())
+
+    kept = record("--seed", "3")
+    assert kept["sources"]["num_layers"] == "recipe" and kept["sources"]["seed"] == "flag"
+    assert kept["recipe_values"]["num_layers"] == 4 and "default" not in kept["sources"].values()
+    assert scale_name(kept) == "debug"
+    # the run was made when the recipe said 8 layers (the recipe has changed since): the run kept its recipe's shape
+    older = dict(kept, num_layers=8, recipe_values=dict(kept["recipe_values"], num_layers=8))
+    assert scale_name(older) == "debug"
+    assert scale_name(record("--num-layers", "4")) == "debug"  # the recipe's own value, given again
+    assert scale_name(record("--num-layers", "2")) == "2x64"
+    (tmp_path / "shape.yaml").write_text("hidden-size: 96\n")
+    assert scale_name(record("--config", str(tmp_path / "shape.yaml"))) == "4x96"
+    # a config.json written before the sources were recorded: named by its recipe
+    assert scale_name({k: v for k, v in older.items() if k not in ("sources", "recipe_values")}) == "debug"

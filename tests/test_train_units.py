@@ -344,3 +344,34 @@ def test_the_progress_bar_starts_after_the_banner_and_carries_the_loss(tmp_path,
     out = capsys.readouterr()
     text = out.out + out.err
     assert text.count("no MFU on the step lines") == 1 and "MFU n/a" not in text and "step 2/3 | loss 3.0000" in text
+
+
+def test_the_loop_reads_its_settings_not_the_argument_namespace(tmp_path):
+    """training/loop.py's Loop takes its settings (LoopSettings, taken once from the arguments by
+    trainer.loop_settings), the built parts and the model setup: no argument namespace reaches it, and the settings
+    hold the arguments' own values (checkpoints record every argument, as vars(args) held them)."""
+    import ast
+    import dataclasses
+    import inspect
+
+    from megatron_sat.training import loop
+    from megatron_sat.training.trainer import loop_settings
+
+    args = parse_args(["--recipe", "debug_satformer", "--save", str(tmp_path / "run"), "--exit-interval", "5",
+                       "--rampup-batch-size", "2", "2", "16", "--train-samples", "160"])
+    settings = loop_settings(args, 3.0, 4.0)
+    for f in dataclasses.fields(loop.LoopSettings):
+        if f.name not in ("hang_minutes", "group_minutes", "arguments"):
+            assert getattr(settings, f.name) == getattr(args, f.name), f.name
+    assert (settings.exit_interval, settings.rampup_batch_size, settings.save) == (5, [2, 2, 16], str(tmp_path / "run"))
+    assert (settings.hang_minutes, settings.group_minutes) == (3.0, 4.0)
+    assert settings.arguments == vars(args) and settings.arguments is not vars(args)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.train_iters = 1
+    assert list(inspect.signature(loop.Loop.__init__).parameters) == [
+        "self", "settings", "setup", "parts", "stop", "t_start", "log"]
+    tree = ast.parse(inspect.getsource(loop))
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
+        {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+    assert "args" not in names  # (a checkpoint's record is passed as the keyword args=, a name of Saver.save's)

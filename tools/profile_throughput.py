@@ -43,6 +43,7 @@ sys.path.insert(0, ROOT)
 
 from megatron_sat.archs import ARCHS, REFERENCE  # (import-free: the help and the parser need no megatron)
 from megatron_sat.model.args import SHAPE  # no torch either
+from megatron_sat.training.argument_checks import refusal  # no torch
 from megatron_sat.training.arguments import Parser  # the trainer's one-line refusals (no torch)
 
 # The rest of the library (torch, megatron: profiling/settings.py and launch.py) is imported in main once the
@@ -103,8 +104,8 @@ def main(argv=None) -> int:
 
     try:
         settings = resolution.resolve(options)
-    except ValueError as e:
-        parser.error(str(e))
+    except ValueError as e:  # every problem (settings.SettingsError's args), on one line, exit 2
+        parser.exit(2, refusal(parser.prog, list(e.args)) + "\n")
     return launch.run(settings)
 
 

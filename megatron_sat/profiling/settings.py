@@ -11,13 +11,16 @@ tool's flags over them (--tp is --tensor-model-parallel-size, --precision --bf16
 the profiler's own defaults (PROFILER_DEFAULTS; the global batch: micro-batch x DP, x 2 PP with a pipeline).
 Each arch of --archs (a label: megatron_sat.archs.arch_label) replaces the recipe's arch.
 
-Checked, all at once, before any process is launched: the tool's own options, what each arch refuses
-(argument_checks.arch_flag_errors), the world size against the layout (argument_checks.world_errors), and each arch's model config
-(training/setup.py, as the trainer builds it) against the layout and the global batch (parallel.layout.validate).
+Checked before any process is launched, every problem reported together (SettingsError: the tool prints them as
+one line and exits 2): the tool's own options, and the trainer arguments each profiled arch resolves to by the
+trainer's complete check (argument_checks.argument_errors, as `--print-config`, plan-layout and the dry run run it:
+nothing on disk); then, as trainer.configure does once those pass, each arch's model config (training/setup.py, as
+the trainer builds it) against the layout and the global batch (parallel.layout.validate).
 """
 
 import argparse
 import copy
+import importlib.util
 import os
 from typing import List, Tuple
 
@@ -27,7 +30,7 @@ from megatron_sat.archs import arch_label, arch_label_errors
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.layout import validate
 from megatron_sat.parallel.world import world_from_env
-from megatron_sat.training.argument_checks import arch_flag_errors, world_errors
+from megatron_sat.training.argument_checks import argument_errors, world_errors
 from megatron_sat.training.arguments import resolve_layers
 from megatron_sat.training.setup import model_config, precision_and_layout
 
@@ -41,6 +44,16 @@ TRAINER_FLAGS = dict({k: k for k in SHAPE_KEYS + ("seq_length", "micro_batch_siz
                      vpp="num_virtual_stages_per_pipeline_rank", sp="sequence_parallel")
 # where neither the recipe nor a flag gives them (a throughput measurement, not the trainer's debug defaults)
 PROFILER_DEFAULTS = dict(seq_length=512, micro_batch_size=1, vocab_size=32000, lr=1e-4)
+# the trainer's flags that the tool spells otherwise, for its problems
+TOOL_SPELLING = {"--recompute-granularity": "--recompute", "--tensor-model-parallel-size": "--tp",
+                 "--pipeline-model-parallel-size": "--pp", "--num-virtual-stages-per-pipeline-rank": "--vpp"}
+
+
+class SettingsError(ValueError):
+    """Bad settings: its args are the problems, one line each (the tool prints them as one line, exit 2)."""
+
+    def __str__(self) -> str:
+        return "; ".join(map(str, self.args))
 
 
 def job_world() -> int:
@@ -109,7 +122,7 @@ def _option_errors(options: argparse.Namespace, args: argparse.Namespace, world:
     errors = []
     checks = (("--steps", options.steps), ("--repeats", options.repeats), ("--nproc", world),
               ("--tp", args.tensor_model_parallel_size), ("--pp", args.pipeline_model_parallel_size),
-              ("--seq-length", args.seq_length), ("--micro-batch-size", args.micro_batch_size),
+              ("--micro-batch-size", args.micro_batch_size),
               ("--vocab-size", args.vocab_size), ("--threads", 1 if options.threads is None else options.threads))
     errors += [f"{name} must be >= 1 (got {v})" for name, v in checks if v < 1]
     if options.warmup < 0:
@@ -145,37 +158,53 @@ def _model_errors(options: argparse.Namespace, args: argparse.Namespace, world: 
     return list(dict.fromkeys(errors))  # the same shape refuses a layout once, not once per arch
 
 
+def _sizes_ok(args: argparse.Namespace) -> bool:
+    """Whether the layout's sizes and the micro-batch can size a world (each >= 1)."""
+    return min(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size,
+               args.micro_batch_size) >= 1
+
+
+def _argument_errors(options: argparse.Namespace, args: argparse.Namespace, world: int) -> List[str]:
+    """The trainer's complete check (argument_checks.argument_errors; nothing on disk) of the arguments each arch of
+    --archs resolves to, with the tool's flag names; the world size is left out while the layout's sizes or the
+    micro-batch are below 1 (_option_errors reports them)."""
+    te = False if importlib.util.find_spec("transformer_engine") is None else None  # as the trainer's parse_args
+    checked = world if _sizes_ok(args) else None
+    errors = []
+    for label in options.archs:
+        errors += argument_errors(arch_args(args, label), checked, inputs=False, te=te)
+    for trainer, tool in TOOL_SPELLING.items():
+        errors = [e.replace(trainer, tool) for e in errors]
+    return list(dict.fromkeys(errors))  # a problem of every arch once
+
+
 def resolve(options: argparse.Namespace) -> dict:
     """The spec of a profile (what tools/profile_throughput.py launches and reports) from the tool's parsed
-    options; ValueError with every problem found (the tool prints it and exits 2)."""
+    options; SettingsError (a ValueError) with every problem found (the tool prints them as one line, exit 2)."""
     bad = arch_label_errors(options.archs)
     if bad:
         hints = [f"{a}: did you mean {ALIASES[a.lower()]}?" for a in options.archs if a.lower() in ALIASES]
-        raise ValueError("\n  ".join(bad) + (f" ({'; '.join(hints)})" if hints else ""))
+        raise SettingsError(*bad, *hints)
     if len(set(options.archs)) != len(options.archs):
-        raise ValueError(f"--archs lists an arch twice: {' '.join(options.archs)}")
+        raise SettingsError(f"--archs lists an arch twice: {' '.join(options.archs)}")
     if options.baseline not in options.archs:
-        raise ValueError(f"--baseline {options.baseline} must be one of --archs ({' '.join(options.archs)}): ratios "
-                         "divide by it")
+        raise SettingsError(f"--baseline {options.baseline} must be one of --archs ({' '.join(options.archs)}): "
+                            "ratios divide by it")
     args, source = trainer_args(options)
     env_world = job_world()
     world = options.nproc or env_world or 1
     if options.nproc and env_world and options.nproc != env_world:
-        raise ValueError(f"--nproc {options.nproc} inside a job of world size {env_world}: drop --nproc")
+        raise SettingsError(f"--nproc {options.nproc} inside a job of world size {env_world}: drop --nproc")
     errors = _option_errors(options, args, world, env_world)
-    for label in options.archs:  # what an arch refuses, with the tool's flag names
-        errors += [e.replace("--recompute-granularity", "--recompute") for e in arch_flag_errors(arch_args(args, label))]
-    errors = list(dict.fromkeys(errors))
-    if not errors:
-        errors += world_errors(args, world)
-    if not errors:
-        run = precision_and_layout(args)
-        if args.global_batch_size is None:
-            pp = run.layout.pp
-            args.global_batch_size = args.micro_batch_size * run.layout.dp(world) * (2 * pp if pp > 1 else 1)
+    if args.global_batch_size is None and _sizes_ok(args) and not world_errors(args, world):
+        pp = args.pipeline_model_parallel_size  # the default: micro-batch x DP (x 2 PP with a pipeline)
+        dp = world // (args.tensor_model_parallel_size * pp * args.context_parallel_size)
+        args.global_batch_size = args.micro_batch_size * dp * (2 * pp if pp > 1 else 1)
+    errors += _argument_errors(options, args, world)
+    if not errors:  # as trainer.configure after the argument checks: the model against the layout
         errors += _model_errors(options, args, world)
     if errors:
-        raise ValueError("\n  ".join(["invalid settings:"] + errors))
+        raise SettingsError(*errors)
     run = precision_and_layout(args)  # bf16 and the distributed optimizer: the recipe's or flags', else on a GPU
     args.bf16, args.use_distributed_optimizer = run.bf16, run.distributed_optimizer
     trace = None

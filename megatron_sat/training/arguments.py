@@ -351,6 +351,13 @@ class Resolution(NamedTuple):
         """{dest: resolved value} of the arguments that came from `layers` (e.g. "recipe", "config")."""
         return {k: getattr(self.args, k) for k, src in self.sources.items() if src in layers}
 
+    def record(self) -> dict:
+        """What a run's config.json keeps of the resolution, for its readers (monitor.scale_name, the sweep tables):
+        "sources" {dest: "recipe" | "config" | "flag"} of every argument not at its built-in default, and
+        "recipe_values" {dest: value}, what the recipe itself said ({} without one)."""
+        return dict(sources={k: src for k, src in self.sources.items() if src != "default"},
+                    recipe_values=dict(self.recipe))
+
 
 def resolve_layers(recipe: Optional[str], overrides: Sequence[str] = ()) -> Resolution:
     """recipe_args with where each value came from (Resolution): the tools that ask what a recipe or a config file
@@ -365,7 +372,7 @@ def resolve_layers(recipe: Optional[str], overrides: Sequence[str] = ()) -> Reso
 
 def recipe_args(recipe: Optional[str], overrides: Sequence[str] = ()) -> argparse.Namespace:
     """The trainer's arguments for `recipe` (None: no recipe) with command-line `overrides`, which may hold
-    --config FILE, resolved by the trainer's own layers (resolve_args: recipe < config file < command line, then
+    --config FILE, resolved by the trainer's own layers (_resolve: recipe < config file < command line, then
     --train-samples and --lr-warmup-fraction) but not validated: no data needs to exist, and --data-args-path is
     not read (the trainer reads it). What every tool that reasons about a run works on: the planner, the dry run,
     the throughput profiler (profiling/settings.py), the Slurm sweep (its run names and TRAIN_ITERS) and the
@@ -377,12 +384,22 @@ dry run call it with their target)."""
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """The trainer's arguments: recipe < config file < command line, resolved (resolve_args), checked (every
+    """The trainer's arguments: recipe < config file < command line, resolved (_resolve), checked (every
     problem at once, one line, exit 2: the layers', unrecognized flags and the values'), then printed and exit 0
     (--print-config: the values are checked, nothing on disk) or returned. The checks that need the GPU and
     Transformer Engine run again in trainer.configure, where they are known."""
+    return parse_run(argv).args
+
+
+def parse_run(argv: Optional[List[str]] = None) -> Resolution:
+    """parse_args with where each value came from (Resolution): what the trainer runs on, and records (config.json's
+    "sources" and "recipe_values": run_folder.resolution_record)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, parser, errors = resolve_args(argv)
+    try:
+        resolution, parser, errors = _resolve(argv, read_files=True)
+    except ValueError as e:  # an unreadable config file or recipe
+        refuse(build_parser().prog, [str(e)])
+    args = resolution.args
     # Transformer Engine: known absent when it is not installed (whether it runs on a GPU: trainer.configure)
     te = False if importlib.util.find_spec("transformer_engine") is None else None
     errors += argument_errors(args, world_from_env(), inputs=not args.print_config, te=te)
@@ -392,26 +409,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         sys.stdout.write(dump_config(args, parser))
         sys.stdout.flush()
         sys.exit(0)
-    return args
+    return resolution
 
 
 # the model shape: required flags unless a recipe or a config file gives them (Megatron-LM requires them)
 REQUIRED_SHAPE = model_args.REQUIRED
 
 
-def resolve_args(argv: List[str]):
-    """(arguments, parser, errors): the recipe's values, the config file's over them, the command line's over
-    both; then what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
-    --data-args-path), with the problems found there. An unreadable config file or recipe exits 2 at once."""
-    try:
-        resolution, parser, errors = _resolve(argv, read_files=True)
-        return resolution.args, parser, errors
-    except ValueError as e:
-        refuse(build_parser().prog, [str(e)])
-
-
 def _resolve(argv: List[str], read_files: bool):
-    """(Resolution, parser, errors) as resolve_args; ValueError for an unreadable config file or recipe.
+    """(Resolution, parser, errors): the recipe's values, the config file's over them, the command line's over
+    both; then what depends on where a value came from (a data source, --train-samples, --lr-warmup-fraction,
+    --data-args-path), with the problems found there. ValueError for an unreadable config file or recipe.
     read_files=False leaves --data-args-path unread (the tools that plan or name a run need no data)."""
     base = build_parser()
     given = explicit_dests(base, argv)  # the flags on the command line

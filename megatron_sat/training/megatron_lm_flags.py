@@ -177,7 +177,7 @@ def unsupported(unknown: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 def resolve(args: argparse.Namespace, level: dict) -> List[str]:
     """What depends on other flags: --recompute-activations, the sample-based schedule and the ramp-up's training
-    length; `level` says where each value came from (arguments.resolve_args). Returns the errors."""
+    length; `level` says where each value came from (arguments._resolve). Returns the errors."""
     errors = []
     # Megatron-LM's scripts pass "--split '99,1,0'" as one word that bash splits on the space, so the quotes reach
     # the program; Megatron-LM reads the numbers out of it, and so does this trainer

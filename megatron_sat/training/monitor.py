@@ -13,8 +13,9 @@ first start, over all its restarts; each attempt counted from its process start)
 memory so far (`memory()`: "mem_cpu_peak_rss_gib", "mem_cpu_rss_gib", and with CUDA "mem_gpu_allocated_gib"
 and "mem_gpu_reserved_gib"; global rank 0's process, the first pipeline stage), and close() ends each attempt
 with {"step", "event": "end", "status": complete | stopped | failed, "reason", "wall_time_s", "restarts",
-memory}. config.json gets "scale", "sweep" ($MSAT_SWEEP), "non_embedding_parameters", "data_identity" (data
-path or blend, tokenizer, its vocabulary, the validation set's id from training/data.py) and "attempts" (one
+memory}. config.json gets "scale" (scale_name: read from the "sources" and "recipe_values" the trainer records),
+"sweep" ($MSAT_SWEEP), "non_embedding_parameters", "data_identity" (data path or blend, tokenizer, its
+vocabulary, the validation set's id from training/data.py) and "attempts" (one
 entry per start: time, step, host, pid, Slurm job; "restarts" = attempts - 1). wandb: the runs of a sweep
 form one group ($MSAT_SWEEP, else $WANDB_RUN_GROUP) with arch, scale and seed in their config. Online or offline:
 --wandb-mode, else $WANDB_MODE, else online through wandb's own settings; offline with one warning when wandb
@@ -51,7 +52,6 @@ import psutil
 
 from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.training import records
-from megatron_sat.training.arguments import recipe_defaults
 
 GIB = 2.0 ** 30
 
@@ -90,7 +90,12 @@ SHAPE_KEYS = model_args.SHAPE  # the model's size (model/args.py)
 
 def scale_name(config: dict) -> str:
     """The scale of a run: its recipe's size (satformer_760M -> 760M, debug_satformer -> debug, ladder recipes
-    -> ladder1 ...) when the run kept the recipe's shape, else the shape itself ('<layers>x<d_model>')."""
+    -> ladder1 ...) when the run kept the recipe's shape, else the shape itself ('<layers>x<d_model>').
+
+    Kept or not is read from what the resolver recorded (config.json's "sources" and "recipe_values":
+    arguments.Resolution.record): the shape is changed when a config file or a flag gave a shape value other than
+    the recipe's own (a value the recipe left at the built-in default counts as changed when a higher layer gives
+    it). A record without "sources" (a config.json written before they were recorded) is named by its recipe."""
     recipe, arch = config.get("recipe"), config.get("arch")
     shape = f"{config.get('num_layers')}x{config.get('hidden_size')}"
     if not recipe:
@@ -100,11 +105,10 @@ def scale_name(config: dict) -> str:
         name = recipe[len(arch) + 1:]
     elif arch and recipe.endswith("_" + arch):
         name = recipe[:-len(arch) - 1]
-    try:  # the recipe's own values (its layer alone, nothing resolved again), the model's defaults under them
-        said = {**model_args.defaults(), **recipe_defaults(recipe)}
-    except (ValueError, SystemExit):  # a recipe this checkout does not know: its name is all there is
+    sources, said = config.get("sources"), config.get("recipe_values") or {}
+    if sources is None:
         return name
-    if any(config.get(k) != said.get(k) for k in SHAPE_KEYS if k in config):
+    if any(sources.get(k) in ("config", "flag") and config.get(k) != said.get(k) for k in SHAPE_KEYS if k in config):
         return shape
     return name
 
@@ -263,7 +267,7 @@ class Monitor:
         params = run_config.get("num_parameters")
         validation = getattr(args, "validation_set", None) or {}
         extra = dict(
-            scale=scale_name(vars(args)), sweep=os.environ.get("MSAT_SWEEP") or None,
+            scale=scale_name(run_config), sweep=os.environ.get("MSAT_SWEEP") or None,
             non_embedding_parameters=None if params is None or vocab is None else params - vocab * args.hidden_size,
             data_identity=dict(data=run_config.get("data") or ("mock" if args.mock_data else None),
                                tokenizer=run_config.get("tokenizer"),
