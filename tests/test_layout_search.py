@@ -74,20 +74,46 @@ def test_the_search_costs_each_layer_once_per_cost_key_and_predicts_as_without_i
 
 
 def test_layouts_the_memory_plan_refuses_are_absent():
-    """On 1 H100 the 8-layer 2048-wide model at micro-batch 16 without recompute keeps its s x s attention scores
-    (5as^2b per layer): over 80 GB, the plan refuses it and the search drops it; with selective recompute it fits."""
-    result = _search([], cluster="1x1xH100")
+    """On 1 H100 the 8-layer 2048-wide model at sequence 8192 and micro-batch 16 keeps more than 80 GB of
+    activations without recompute, and as much with selective recompute (bf16 flash attention keeps no scores for it
+    to drop): the plan refuses both and the search drops them; with full recompute it fits."""
+    long = ["--seq-length", "8192"]
+    result = _search(long, cluster="1x1xH100")
     assert result.refused_memory > 0
     cap = planner.USABLE_FRACTION * result.capacity_gib
     assert all(r.memory["total"] <= cap for r in result.ranked)
     assert not _find(result, micro_batch_size=16, recompute=None)
-    assert _find(result, micro_batch_size=16, recompute="selective")
+    assert not _find(result, micro_batch_size=16, recompute="selective")
+    assert _find(result, micro_batch_size=16, recompute="full")
     assert _find(result, micro_batch_size=1, recompute=None)  # a lighter recompute that fits is the one ranked
     assert not _find(result, micro_batch_size=1, recompute="selective") and result.dominated > 0
     # the refused one is refused by the planner itself, not by the search's own arithmetic
-    args = resolve_args(None, MODEL + ["--micro-batch-size", "16", "--use-distributed-optimizer"])
+    args = resolve_args(None, MODEL + long + ["--micro-batch-size", "16", "--use-distributed-optimizer"])
     plan = planner.make_plan(args, recipe="none", nodes=1, gpus_per_node=1, gpu="H100")
     assert not plan.ok and "exceeds 90%" in " ".join(plan.errors)
+
+
+def test_the_attention_kernel_keeps_what_its_path_keeps():
+    """Without recompute a layer keeps the attention kernel's own tensors on top of selective recompute's:
+    Transformer Engine in bf16 (flash or cuDNN fused attention) its fp32 softmax statistics, 4sba/t bytes; TE in
+    fp32 (its unfused path) the 5as^2b scores at 2 bytes a value, doubled; the CPU's SDPA its statistics and a copy
+    of its output. One stage, one micro-batch in flight: the difference is num_layers x that."""
+    from megatron_sat.model.args import model_args
+    from megatron_sat.parallel.layout import Layout
+
+    cfg = model_args(resolve_args(None, MODEL))
+    s, b, a, d, L = 2048, 2, 16, 128, 8
+
+    def kept(backend, bf16, t):
+        plans = [planner.stage_estimates(cfg, Layout(tp=t), dp=1, micro_batch_size=b, num_microbatches=1,
+                                         seq_length=s, vocab_size=32000, bf16=bf16, recompute=r,
+                                         backend=backend)[0]["per_micro_batch"] for r in (None, "selective")]
+        return (plans[0] - plans[1]) / L
+
+    for t in (1, 2):
+        assert kept("te", True, t) == 4 * s * b * a / t
+        assert kept("te", False, t) == 2.5 * 4 * a * s * s * b / t
+        assert kept("local", False, t) == 4 * s * b * a * d / t + 4 * s * b * a / t
 
 
 def _tool(*args, expect=0):

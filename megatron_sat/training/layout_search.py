@@ -26,7 +26,7 @@ Held fixed: every one of these the user gives (on the command line or in a --con
 (--bf16 / --fp16 / --fp8-format; bf16 on GPUs by default, as the trainer decides).
 Memory: megatron_sat.training.planner.stage_estimates, the plan the dry run checks against real ranks, on its worst
 stage, against USABLE_FRACTION of the GPU's memory; with CP each rank holds seq / CP tokens of every activation
-(and, without recompute, (seq / CP) x seq attention scores, not (seq / CP)^2).
+(Transformer Engine's context parallelism runs flash or fused attention, which keeps no seq x seq scores).
 Step time, MFU, tokens/s, bubble and exposed-communication shares: megatron_sat.steptime.predict_step.
 """
 
@@ -184,8 +184,7 @@ def _memory(cfg, c: Candidate, *, seq_length: int, vocab_size: int, global_batch
             gpu: bool, cache: dict) -> Dict[str, float]:
     """The planner's memory per GPU (worst stage) of candidate `c`; the distributed optimizer's saving is applied
     to the cached plan without it (it only divides the optimizer state by DP). With CP each rank keeps seq / CP
-    tokens of every activation, but without recompute its attention scores are (seq / CP) x seq, not (seq / CP)^2:
-    the planner's score bytes at the whole sequence (its no-recompute minus its selective plan) / CP."""
+    tokens of every activation: the plan at seq / CP."""
     from megatron_sat.parallel.layout import Layout
 
     def plan(seq: int, recompute: Optional[str]) -> Dict[str, float]:
@@ -200,11 +199,6 @@ def _memory(cfg, c: Candidate, *, seq_length: int, vocab_size: int, global_batch
         return cache[key]
 
     mem = dict(plan(seq_length // c.cp, c.recompute))
-    if c.cp > 1 and c.recompute is None:
-        scores = plan(seq_length, None)["activations"] - plan(seq_length, "selective")["activations"]
-        extra = scores * (1 / c.cp - 1 / c.cp ** 2)
-        mem["activations"] += extra
-        mem["total"] += extra
     if c.distributed_optimizer:
         saved = mem["optimizer"] * (1 - 1 / c.dp)
         mem["optimizer"] -= saved

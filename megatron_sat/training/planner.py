@@ -27,7 +27,10 @@ Memory per GPU (bytes; worst pipeline stage; bf16 training on GPUs, fp32 on CPU)
                  (bf16 bytes; every 2 becomes 4 with fp32 activations, activation_bytes=4):
                     attention  2sbh norm in + 2sbh QKV in (both / t with SP) + 2sb(a+g)d/t QK-norm in
                                + 2sb(a+2g)d/t core-attention in + 2sbad/t projection in
-                               + 5as^2b/t score/softmax (dropped by selective recompute)
+                               + the attention kernel's own (dropped by selective recompute): flash
+                               attention (Transformer Engine's flash and cuDNN paths in bf16/fp16) keeps the
+                               fp32 softmax statistics 4sba/t, its output being the projection's input; TE's
+                               unfused fp32 path its scores and softmax (5as^2b/t at 2 bytes a value, doubled at 4)
                     MLP        2sbh norm in + 2sbh FC1 in (/ t with SP) + 8sbf/t (gate, up, silu, product)
                     SATFormer  2sbg/t gate values
                  The local backend (Megatron's local spec, CPU; backend='local') keeps more, measured by the dry
@@ -418,9 +421,16 @@ def stage_estimates(cfg, layout, *, dp: int, micro_batch_size: int, num_microbat
         attn += act * s * b * (a + g) * d / t
     # SwiGLU: gate, up, silu, product; the local spec's glu also keeps (up + glu_linear_offset), a fifth
     swiglu = 5 if local else 4
-    scores = 2.5 * act * a * s * s * b / t  # 5as^2b in bf16
-    if backend == "local":  # the CPU's flash SDPA keeps its own output and the fp32 log-sum-exp, not the scores
+    # what the attention kernel itself keeps without recompute. Flash attention keeps the fp32 softmax statistics
+    # [b, a, s] besides q, k, v (counted above): the CPU's SDPA also a copy of its output (measured by the dry run);
+    # Transformer Engine's flash and cuDNN fused paths (its choice for bf16/fp16) save their output, the projection's
+    # input (counted above). TE in fp32 runs its unfused path, which keeps the 5as^2b scores of Korthikanti et al.
+    if local:
         scores = act * s * b * a * d / t + 4 * s * b * a / t
+    elif act == 2:
+        scores = 4 * s * b * a / t
+    else:
+        scores = 2.5 * act * a * s * s * b / t  # 5as^2b at 2 bytes a value
     arch = archs.get(cfg.arch)
     extra = arch.activation_extra(cfg, s=s, b=b, t=t, act=act)
     fused = arch.fused_gate(cfg, t)
