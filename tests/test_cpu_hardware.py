@@ -72,6 +72,33 @@ def test_a_two_rank_run_gets_the_rates_measured_with_two_ranks_busy():
         cpu_hardware(m, ranks=4)
 
 
+def test_a_recorded_step_overhead_is_the_runs_own_and_adds_to_every_step():
+    """The trainer's step besides its operators, recorded per rank count (tools/check_steptime_cpu.py measures it
+    on a tiny model): a 2-rank description gets the 2-rank figure, a 1-rank one the 1-rank figure, and the model's
+    step is longer by exactly it; unrecorded is 0, and a negative residual is clipped to 0."""
+    from megatron_sat import steptime
+    from megatron_sat.model.args import model_args
+    from megatron_sat.training.planner import resolve_args
+
+    m = _measured()
+    assert cpu_hardware(m, ranks=2).cal("step_overhead_s") == 0.0
+    rec = m.with_step_overhead(1, 0.05).with_step_overhead(2, 0.12)
+    assert m.step_overhead_s == {}  # a copy
+    assert cpu_hardware(rec, ranks=1).cal("step_overhead_s") == 0.05
+    assert cpu_hardware(rec, ranks=2).cal("step_overhead_s") == 0.12
+    assert m.with_step_overhead(2, -0.01).step_overhead_s == {2: 0.0}
+    assert "2 rank(s) 120 ms" in str(rec)
+    args = resolve_args(None, ["--recipe", "debug_transformer", "--no-bf16", "--train-iters", "1"])
+    layout = steptime.layout_from_args(args, 2)
+
+    def step(meas):
+        cluster = steptime.Cluster(gpu=cpu_hardware(meas, ranks=2), nodes=1, gpus_per_node=2)
+        return steptime.predict_step(model_args(args), layout, cluster, seq_length=args.seq_length,
+                                     vocab_size=4096).step_time_s
+
+    assert step(rec) - step(m) == pytest.approx(0.12, rel=1e-9)
+
+
 def test_gemm_rates_are_measured_at_the_model_shapes_in_every_pass():
     shapes = model_shapes(hidden=64, ffn=256, heads=4, groups=2, tokens=32, vocab=512, tp=2)
     assert shapes[0] == (32, 64, (4 + 2 * 2) * 16 // 2)  # QKV, TP-sharded

@@ -8,8 +8,10 @@ predicted against measured with the error (goal: within 25%). About 3-5 minutes 
 
 Each rank runs one intra-op thread (OMP_NUM_THREADS=1) and is one "device" of the CPU description
 (megatron_sat/profiling/cpu_hardware.py: GEMM FLOP/s at the model's shapes, memory bandwidth, gloo all-reduce
-latency and bandwidth between two local processes, one op's dispatch time); the same step-time model as for GPUs
-(megatron_sat/steptime.predict_step) predicts each layout, nothing fitted per layout. Measured: the
+latency and bandwidth between two local processes, one op's dispatch time) and a step's time besides its
+operators, the trainer's own (measured: the trainer at 1 rank and at DP2 on a tiny model of the same depth and
+micro-batches, whose operators take a few ms, less the model's prediction for it); the same step-time model as
+for GPUs (megatron_sat/steptime.predict_step) predicts each layout, nothing fitted per layout. Measured: the
 median step_time_s of the logged windows after the first (warm-up) window in the run's metrics.jsonl, fp32,
 mock data, the local (Megatron-Core) layer implementation. On a shared machine the timings carry its load: say so.
 """
@@ -17,6 +19,7 @@ mock data, the local (Megatron-Core) layer implementation. On a shared machine t
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +50,8 @@ def measure_run(name: str, opts, workdir: str) -> float:
     """Train layout `name` for opts.steps steps; the median logged step time after the first window (s)."""
     nproc, flags = LAYOUTS[name]
     save = os.path.join(workdir, name)
+    if os.path.exists(save):
+        shutil.rmtree(save)  # the script's own temporary folder: the tiny runs reuse the layout names
     cmd = [sys.executable, "-m", "megatron_sat.torchrun", "--nproc-per-node", str(nproc), "--master-port",
            str(_port()), "-m", "megatron_sat.train", *model_flags(opts), *flags, "--train-iters", str(opts.steps),
            "--log-interval", str(opts.log_interval), "--save", save, "--save-interval", "100000", "--eval-interval", "100000",
@@ -61,6 +66,20 @@ def measure_run(name: str, opts, workdir: str) -> float:
     if not times:
         raise RuntimeError(f"{name}: no step times after the first window in {save}/metrics.jsonl")
     return statistics.median(times)
+
+
+TINY = dict(hidden_size=32, num_attention_heads=2, seq_length=32, vocab_size=128)  # operators of a few ms a step
+
+
+def measure_step_overhead(opts, measured, workdir: str):
+    """`measured` with the trainer's step besides its operators recorded at 1 and 2 ranks: the median step of the
+    tiny model (TINY: the same layers, micro-batch size and global batch) at 1 rank and DP2, less the model's
+    prediction of its operators."""
+    tiny = argparse.Namespace(**{**vars(opts), **TINY})
+    for name, ranks in (("1rank", 1), ("dp2", 2)):
+        real = measure_run(name, tiny, os.path.join(workdir, "tiny"))
+        measured = measured.with_step_overhead(ranks, real - predict(name, tiny, measured).step_time_s)
+    return measured
 
 
 def _port() -> int:
@@ -99,6 +118,8 @@ def main(argv=None) -> int:
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--log-interval", type=int, default=3)
+    p.add_argument("--no-step-overhead", action="store_true",
+                   help="leave the trainer's step besides its operators out (the operators alone)")
     p.add_argument("--verbose", action="store_true", help="also each prediction's breakdown (ms)")
     p.add_argument("--json", metavar="FILE", help="also write the rows and the measured CPU to FILE")
     opts = p.parse_args(argv)
@@ -116,10 +137,12 @@ def main(argv=None) -> int:
                                     opts.vocab_size), threads=1, ranks=2,
                        attention=(opts.micro_batch_size, opts.num_attention_heads, opts.seq_length,
                                   opts.hidden_size // opts.num_attention_heads))
-    print(measured, f"({time.time() - t0:.0f} s)")
     load = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory() as work:
+        if not opts.no_step_overhead:
+            measured = measure_step_overhead(opts, measured, work)
+        print(measured, f"({time.time() - t0:.0f} s)", flush=True)
         for name in names:
             pred = predict(name, opts, measured)
             real = measure_run(name, opts, work)

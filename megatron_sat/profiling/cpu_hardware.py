@@ -16,6 +16,9 @@ processes running the same benchmark at once (what each rank of a `ranks`-rank r
     attention_flops  causal scaled_dot_product_attention's forward and backward at the model's [b, a, s, d]
     link_latency_s, link_bw   a fit t = latency + bytes / bw of the ring all-reduce's time per step
                      (2 (n - 1) / n x bytes) over message sizes 4 KiB .. 16 MiB, gloo between `ranks` processes
+    step_overhead_s  ranks -> what a trainer step spends besides its operators, at that many ranks: not measured
+                     here (it takes the trainer; tools/check_steptime_cpu.py measures it on a tiny model and
+                     records it with `with_step_overhead`); 0 where not recorded
 Written here: no library measures a CPU as a GPU description; the numbers go into steptime's Hardware
 (cpu_hardware below; tools/check_steptime_cpu.py).
 """
@@ -64,6 +67,7 @@ class Measured:
     link_bw: float  # bytes/s, of the ring all-reduce's per-rank traffic
     busy: Dict[int, Rates] = field(default_factory=dict)  # ranks -> each rank's rates with that many running
     attention_shape: tuple = (2, 4, 256, 64)  # (b, a, s, d) it was measured at
+    step_overhead_s: Dict[int, float] = field(default_factory=dict)  # ranks -> seconds a step (1: alone)
 
     def rates(self, ranks: int) -> Rates:
         """A rank's rates in a `ranks`-rank run on this machine (ValueError: not measured)."""
@@ -73,13 +77,19 @@ class Measured:
             raise ValueError(f"measured alone and with {sorted(self.busy)} ranks busy, not {ranks}")
         return self.busy[ranks]
 
+    def with_step_overhead(self, ranks: int, seconds: float) -> "Measured":
+        """A copy that records a trainer step's time besides its operators at `ranks` ranks (clipped at 0)."""
+        return replace(self, step_overhead_s={**self.step_overhead_s, max(ranks, 1): max(seconds, 0.0)})
+
     def as_dict(self) -> dict:
         return asdict(self)
 
     def __str__(self) -> str:
         busy = "".join(f"; {n} ranks at once: {r}" for n, r in sorted(self.busy.items()))
+        steps = ", ".join(f"{n} rank(s) {v * 1e3:.0f} ms" for n, v in sorted(self.step_overhead_s.items()))
         return (f"CPU ({self.threads} thread(s) a rank): alone: {self.alone}{busy}; gloo all-reduce "
-                f"{self.link_latency_s * 1e6:.0f} us + {self.link_bw / 1e9:.2f} GB/s")
+                f"{self.link_latency_s * 1e6:.0f} us + {self.link_bw / 1e9:.2f} GB/s"
+                + (f"; a step besides its operators: {steps}" if steps else ""))
 
 
 def _best_time(fn, min_s: float = 0.15, reps: int = 3) -> float:
@@ -250,14 +260,17 @@ def cpu_hardware(m: Measured, ranks: int = 2):
       HBM                     the measured memory bandwidth (memory_efficiency 1)
       links                   the measured gloo all-reduce: bandwidth of the ring's traffic, latency (one node: the
                               network is the same loopback)
-      kernel_overhead_us      one op's dispatch; step_overhead_s 0."""
+      kernel_overhead_us      one op's dispatch
+      step_overhead_s         the trainer's step besides its operators at `ranks` ranks, where recorded
+                              (Measured.step_overhead_s), else 0."""
     r = m.rates(ranks)
     unit = steptime.Hardware(
         name="cpu", peak_tflops={"fp32": 1.0}, hbm_gbps=r.mem_bw / 1e9, memory_gib=_host_memory_gib(), sm_count=1,
         intra_node_gbps=m.link_bw / 1e9, intra_node_latency_us=m.link_latency_s * 1e6,
         inter_node_gbps=m.link_bw / 1e9, inter_node_latency_us=m.link_latency_s * 1e6, gpus_per_node=max(ranks, 1),
         calibration=dict(gemm_efficiency=1.0, memory_efficiency=1.0, comm_efficiency=1.0, attention_efficiency=1.0,
-                         kernel_overhead_us=r.op_overhead_s * 1e6, step_overhead_s=0.0),
+                         kernel_overhead_us=r.op_overhead_s * 1e6,
+                         step_overhead_s=m.step_overhead_s.get(max(ranks, 1), 0.0)),
         full_name=f"this machine's CPU, {m.threads} thread(s) a rank, {ranks} rank(s) busy (measured)",
         sources={"all": "measured at run time by megatron_sat/profiling/cpu_hardware.py"})
     peak = statistics.median(rate / roofline.gemm_efficiency(unit, *_shape_of(key))
