@@ -87,6 +87,15 @@ def test_import_train_export_match_transformers_past_the_original_context(done):
     assert "RoPE scaling (llama3) exports only as the Transformer" in done["sat_export"]
 
 
+def test_frequencies_equal_transformers_at_llama_3_2s_values(done):
+    """The scaled frequencies are transformers' own, bit for bit, with all four values away from Megatron-Core's fixed
+    ones (factor 32, low 2, high 8, as Llama 3.2's factor); each band is there: kept, divided by 32, between."""
+    f = done["llama32"]
+    assert f["attention_factor"] == 1.0 and torch.equal(f["ours"], f["theirs"])
+    kept, divided = f["ours"] == f["plain"], torch.isclose(f["ours"], f["plain"] / 32, rtol=1e-6, atol=0)
+    assert kept.sum() and divided.sum() and (~kept & ~divided).sum(), (kept.sum(), divided.sum())
+
+
 def test_export_under_transformers4(done):
     """The export read by transformers 4.x (its rope_scaling key) computes the same logits."""
     if not os.path.isdir(TRANSFORMERS4):

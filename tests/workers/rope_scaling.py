@@ -12,8 +12,8 @@ as a SATFormer (`--arch satformer`, zero gate); the trainer's arguments of the i
 placeholders chosen) build the trainer's model, which loads the weights, takes 2 steps at 3.5x the original context
 and is saved and exported. The logits compared: Megatron's import and the SATFormer vs transformers, the export vs
 the trained Megatron model, each at SEQ = 112 positions; and transformers without the scaling, to show the
-comparison sees it; then the refusals (REFUSED, and the tool's exit code). `t4` imports only torch and
-transformers (transformers 4.x first on sys.path).
+comparison sees it; the scaled frequencies at Llama 3.2's values against transformers' own; then the refusals
+(REFUSED, and the tool's exit code). `t4` imports only torch and transformers (transformers 4.x first on sys.path).
 """
 
 import os
@@ -130,12 +130,31 @@ def train_next_step(next_step: str, run: str) -> torch.Tensor:
     return megatron_logits(chunks[0].module)
 
 
+def llama32_frequencies() -> dict:
+    """megatron_sat's scaled frequencies and transformers' own (its llama3 RoPE init) at Llama 3.2's factor 32 with
+    low 2 and high 8 (none at Megatron-Core's fixed values), head dim 128, theta 5e5, original context 8192; and the
+    unscaled ones."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from megatron_sat.model.rope import llama3_inv_freq
+
+    scaling = dict(rope_type="llama3", factor=32.0, low_freq_factor=2.0, high_freq_factor=8.0,
+                   original_max_position_embeddings=8192)
+    config = LlamaConfig(hidden_size=2048, num_attention_heads=16, head_dim=128, max_position_embeddings=131072,
+                         rope_parameters=dict(scaling, rope_theta=5e5))
+    theirs, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    plain = 1.0 / (5e5 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128))  # Megatron-Core's unscaled ones
+    return dict(ours=llama3_inv_freq(plain, 32.0, 2.0, 8.0, 8192), theirs=theirs, plain=plain,
+                attention_factor=attention_factor)
+
+
 def run(root: str) -> None:
     import json
 
     from megatron_sat.conversion import ConversionError, export_checkpoint, import_hf
 
-    out = write_llama(os.path.join(root, "hf"))
+    out = dict(write_llama(os.path.join(root, "hf")), llama32=llama32_frequencies())
     logs = []
     info = import_hf(os.path.join(root, "hf"), os.path.join(root, "import"), [], log=logs.append)
     out.update(import_log=logs, next=info["next"], imported=imported_logits(os.path.join(root, "import")),
