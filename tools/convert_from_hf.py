@@ -1,17 +1,19 @@
 #!/usr/bin/env python
 """Import a Hugging Face folder (any of the six archs in the SATFormer authors' formats, or an official Qwen3 or
-Llama checkpoint) as a checkpoint that the trainer resumes from, at any TP/PP layout.
+Llama checkpoint, Llama 3.1+'s RoPE scaling included) as a checkpoint that the trainer continues from, at any TP/PP
+layout.
 
     python tools/convert_from_hf.py --hf hf/satformer --save runs/sat-import \\
-        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000
-    torchrun --nproc-per-node 4 -m megatron_sat.train --config runs/sat-import/config.json \\
-        --load runs/sat-import --save runs/sat-more --data-path DATA ...   # the import's shape and schedule
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-5 --train-iters 1000
+    megatron-sat-torchrun --nproc-per-node 4 -m megatron_sat.train --config runs/sat-import/config.json \\
+        --pretrained-checkpoint runs/sat-import --save runs/sat-more --data-path DATA --seq-length 4096
 
 Flags other than --hf, --save and --overwrite are the trainer's (python -m megatron_sat.train
---help): layout, LR schedule and optimizer; the model's shape comes from the HF config. On a Qwen3 or
-Llama folder, --arch satformer starts a SATFormer whose zero gate computes the Transformer's function. Writes
-SAVE/iter_0000000 (weights, fresh optimizer, LR schedule, arguments) and points
-SAVE/latest_checkpointed_iteration.txt at it; details in megatron_sat/conversion/importer.py.
+--help): layout, LR schedule and optimizer; the model's shape comes from the HF config. --lr, --train-iters and
+--seq-length not given here are placeholders in SAVE/config.json, which a run on it must give; the import prints
+the command that continues pretraining. On a Qwen3 or Llama folder, --arch satformer starts a SATFormer whose zero
+gate computes the Transformer's function. Writes SAVE/iter_0000000 (weights, fresh optimizer, LR schedule,
+arguments) and points SAVE/latest_checkpointed_iteration.txt at it; details in megatron_sat/conversion/importer.py.
 Exit codes: 0 done, 2 bad input.
 """
 

@@ -164,8 +164,9 @@ class Arch:
         return remote
 
     def hf_spec_fields(self, cfg: dict, need) -> dict:
-        """The ModelArgs fields of an imported config.json of an arch without remote code (hf_class None);
-        need(cond, msg) collects a refusal."""
+        """The ModelArgs fields of an imported config.json of an arch without remote code (hf_class None), but its
+        RoPE (theta and scaling), which the conversion reads for every arch (mapping.rope_fields); need(cond, msg)
+        collects a refusal."""
         raise NotImplementedError(f"arch {self.name!r} imports through remote code (hf_extra_fields)")
 
     def hf_extra_fields(self, cfg: dict, need) -> dict:

@@ -17,8 +17,8 @@ class Transformer(Arch):
 
     def hf_config(self, spec, decoder: dict, remote: dict) -> dict:
         if not spec.qk_layernorm:  # no q/k norms: transformers' own Llama, no remote code
-            return dict(architectures=["LlamaForCausalLM"], model_type="llama", **decoder, rope_scaling=None,
-                        mlp_bias=False, pretraining_tp=1)
+            return dict(architectures=["LlamaForCausalLM"], model_type="llama",
+                        **dict(decoder, rope_scaling=decoder.get("rope_scaling")), mlp_bias=False, pretraining_tp=1)
         return dict(
             architectures=["Qwen3ForCausalLM"], model_type="qwen3", **decoder, qk_norm_eps=spec.qk_norm_eps,
             auto_map={"AutoConfig": "modeling_transformer.Qwen3Config",
@@ -31,13 +31,9 @@ class Transformer(Arch):
         return self.hf_code if spec.qk_layernorm else ()
 
     def hf_spec_fields(self, cfg, need) -> dict:
-        """A Qwen3 or Llama config.json we can hold: free head dim, GQA, untied embeddings, any rope theta; Llama has
-        no q/k norms."""
+        """A Qwen3 or Llama config.json we can hold: free head dim, GQA, untied embeddings; Llama has no q/k norms.
+        Its RoPE (theta, Llama 3.1+ scaling) the conversion reads for every arch (conversion/mapping.py)."""
         mt = cfg.get("model_type")
-        rope, scaling = cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}  # transformers 5, 4
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
-        need(kind == "default", f"rope_type {kind!r} (need 'default': rope scaling is not built here)")
         need(not cfg.get("attention_bias", False), "attention_bias=True (Megatron model has no biases)")
         need(not cfg.get("mlp_bias", False), "mlp_bias=True (Megatron model has no biases)")
         need(cfg.get("pretraining_tp", 1) == 1, f"pretraining_tp {cfg.get('pretraining_tp')} (need 1)")
@@ -48,7 +44,7 @@ class Transformer(Arch):
                     num_query_groups=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
                     ffn_hidden_size=cfg["intermediate_size"],
                     kv_channels=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-                    rotary_base=theta, layernorm_epsilon=cfg.get("rms_norm_eps", 1e-6),
+                    layernorm_epsilon=cfg.get("rms_norm_eps", 1e-6),
                     # native Qwen3 normalises q/k with rms_norm_eps; Llama has no q/k norms
                     qk_norm_eps=cfg.get("qk_norm_eps", cfg.get("rms_norm_eps", 1e-6)), qk_layernorm=mt == "qwen3",
                     tied=cfg.get("tie_word_embeddings", False))

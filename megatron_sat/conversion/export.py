@@ -22,7 +22,13 @@ from transformers import AutoModelForCausalLM
 
 from megatron_sat import archs
 from megatron_sat.conversion import hf_io, megatron_io
-from megatron_sat.conversion.mapping import ConversionError, ModelSpec, hf_config, megatron_to_hf
+from megatron_sat.conversion.mapping import (
+    ConversionError,
+    ModelSpec,
+    hf_config,
+    megatron_to_hf,
+    rope_scaling_refusal,
+)
 from megatron_sat.conversion.model_card import model_card
 from megatron_sat.data.tokenizer import load_tokenizer as load
 from megatron_sat.model.config import gate_function
@@ -101,6 +107,8 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
     metadata = megatron_io.tensor_metadata(iter_dir)
     spec = megatron_io.spec_from_args(args, metadata)
     check_gate_matches_authors(spec)
+    if spec.use_rope_scaling and archs.get(spec.arch).hf_class:  # before the weights are read
+        raise rope_scaling_refusal(spec.arch)
     source = find_tokenizer(tokenizer, no_tokenizer, args, run_config, run_dir)
     tok = load_tokenizer(source, spec.max_position_embeddings, "--tokenizer" if tokenizer else "the run's tokenizer")
     ckpt_dtype = metadata[megatron_io.EMBEDDING_KEY].dtype

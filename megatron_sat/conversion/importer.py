@@ -1,14 +1,16 @@
-"""Hugging Face folder -> a checkpoint the trainer resumes from (`--load`), for any TP/PP layout.
+"""Hugging Face folder -> a checkpoint the trainer continues from, for any TP/PP layout.
 
     python tools/convert_from_hf.py --hf hf/satformer --save runs/sat-import \\
-        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000
-    torchrun --nproc-per-node 4 -m megatron_sat.train --load runs/sat-import --save runs/sat-continued \\
-        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-4 --train-iters 1000 \\
-        --data-path DATA --tokenizer-model runs/sat-import/tokenizer
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --lr 3e-5 --train-iters 1000
+    megatron-sat-torchrun --nproc-per-node 4 -m megatron_sat.train --config runs/sat-import/config.json \\
+        --pretrained-checkpoint runs/sat-import --save runs/sat-continued --data-path DATA --seq-length 4096
 
 Every flag after --hf/--save is a trainer flag (megatron_sat/training/arguments.py); the model's
-shape (arch, sizes, head dim, q/k norms, norm eps, gate, last-k, lambdas, rotary base, tying) comes
-from the HF config and must not be given. Official Qwen3 (Qwen3ForCausalLM) and Llama (LlamaForCausalLM:
+shape (arch, sizes, head dim, q/k norms, norm eps, gate, last-k, lambdas, rotary base and Llama 3.1+ RoPE
+scaling, tying, positions) comes from the HF config and must not be given. The training settings an import
+cannot choose (PLACEHOLDERS: --lr, --train-iters, --seq-length), when not given here, are written to
+config.json as "placeholders" without a value: a run on `--config SAVE/config.json` must give them, and the
+import prints that command (next_step). Official Qwen3 (Qwen3ForCausalLM) and Llama (LlamaForCausalLM:
 --no-qk-layernorm, its norm eps) folders import as the Transformer; with `--arch satformer` (and
 optionally --value-residual-gate relu|tanh|identity, --value-residual-last-k) one starts a SATFormer whose
 W_alpha is zero, which computes exactly the Transformer's function (V' = V + f(0) V1 = V).
@@ -19,7 +21,8 @@ What is written (megatron_sat.training.checkpointing's format):
                                           given flags make, and the arguments (common 'args'); its
                                           manifest.json, checked by every reader as the trainer's are
   SAVE/latest_checkpointed_iteration.txt  -> 0
-  SAVE/config.json                        the recorded arguments, for reading
+  SAVE/config.json                        the recorded arguments (a --config file; the placeholders
+                                          left out and listed under "placeholders")
   SAVE/tokenizer/                         the HF folder's tokenizer, when it has one
 
 A plain `--load` restores optimizer and scheduler state too, so the checkpoint has both: Adam
@@ -61,10 +64,21 @@ from megatron_sat.training.run_lock import LockHeld, NotWritable, RunLock
 from megatron_sat.training.setup import precision_and_layout, scheduler
 from megatron_sat.training.step import build_optimizer, wrap_ddp
 
-# the flags the HF config gives: the model flags that must match on resume (model/args.py), the rotary base and the
-# tying; the others (the gate's implementation, the output layers' init, the local core attention) are the import
+# the flags the HF config gives: the model flags that must match on resume (model/args.py; RoPE scaling among them),
+# the rotary base, the tying and the positions (Megatron-LM's --max-position-embeddings, which the export reads
+# back); the others (the gate's implementation, the output layers' init, the local core attention) are the import
 # command's
-SHAPE_FLAGS = tuple(k for k in FLAGGED if k in RESUME_FIELDS) + ("rotary_base", "untie_embeddings_and_output_weights")
+MODEL_FLAGS = tuple(k for k in FLAGGED if k in RESUME_FIELDS)
+SHAPE_FLAGS = MODEL_FLAGS + ("rotary_base", "untie_embeddings_and_output_weights", "max_position_embeddings")
+# the training settings an import cannot choose: the trainer's defaults (lr 1e-3, 20 steps) and the HF model's whole
+# context are no way to continue a pretrained model. Those not given on the import's command line are written to
+# config.json as "placeholders" (dest: what to choose), without a value, and a run with --config SAVE/config.json is
+# refused until its command line gives them (training/config_file.py)
+PLACEHOLDERS = {
+    "lr": "the peak learning rate of the continued pretraining (well below a from-scratch run's)",
+    "train_iters": "how many steps to train (or --train-samples)",
+    "seq_length": "the training context, at most the model's positions (--max-position-embeddings {positions})",
+}
 # `--arch satformer` on a Transformer (Qwen3, Llama): a SATFormer that computes the Transformer's function, its gate
 # W_alpha zero; with a gate f(0) = 0 that is alpha = 0 and V' = V + 0 V1 = V in every layer. It takes --arch and the
 # SATFormer's own switches (--value-residual-gate, --value-residual-last-k)
@@ -99,7 +113,7 @@ def trainer_args(spec, trainer_argv: List[str]):
                                    value_residual_last_k=args.value_residual_last_k)
     if float(spec.rotary_base) != int(spec.rotary_base):
         raise ConversionError(f"rope theta {spec.rotary_base} is not an integer (--rotary-base is)")
-    for name in SHAPE_FLAGS[:-2]:  # the model as flags: the trainer builds the rest (ModelArgs' fixed fields) itself
+    for name in MODEL_FLAGS:  # the model as flags: the trainer builds the rest (ModelArgs' fixed fields) itself
         setattr(args, name, getattr(spec, name))
     built = record(model_args(args))
     fixed = [f"{k} {getattr(spec, k)!r}" for k in RESUME_FIELDS if built[k] != getattr(spec, k)]
@@ -107,7 +121,13 @@ def trainer_args(spec, trainer_argv: List[str]):
         raise ConversionError(f"this model has {', '.join(fixed)}, which the trainer's models do not have")
     args.rotary_base = int(spec.rotary_base)
     args.untie_embeddings_and_output_weights = not spec.tied
-    if "seq_length" not in given:
+    if args.seq_length > spec.max_position_embeddings:
+        raise ConversionError(f"--seq-length {args.seq_length} is beyond the model's {spec.max_position_embeddings} "
+                              "positions (max_position_embeddings): give at most that")
+    args.max_position_embeddings = spec.max_position_embeddings
+    args.placeholders = {k: why.format(positions=spec.max_position_embeddings) for k, why in PLACEHOLDERS.items()
+                         if k not in given and not (k == "train_iters" and "train_samples" in given)}
+    if "seq_length" in args.placeholders:  # the layout is checked (and the checkpoint's schedule made) at this length
         args.seq_length = spec.max_position_embeddings
     return args, spec
 
@@ -194,16 +214,35 @@ def _write(save, hf_dir, spec, args, chunks, optimizer, lr_scheduler, weights, t
         AutoTokenizer.from_pretrained(hf_dir).save_pretrained(tok_dir)
         if not args.tokenizer_model:
             args.tokenizer_model = tok_dir
-    recorded = {k: v for k, v in vars(args).items()}
+    placeholders = args.placeholders
+    recorded = {k: v for k, v in vars(args).items() if k != "placeholders"}
     model = record(model_args(args))  # the model's ModelArgs, as the trainer records it
     path = ckpt.save_checkpoint(save, 0, chunks, optimizer, lr_scheduler, consumed_samples=0, args=recorded,
                                 model=model)
+    chosen = {k: v for k, v in recorded.items() if k not in placeholders}  # a placeholder has no value to read
     with open(os.path.join(save, "config.json.tmp"), "w") as f:
-        json.dump(dict(recorded, vocab_size=spec.vocab_size, imported_from=os.path.abspath(hf_dir), model=model), f,
-                  indent=1, sort_keys=True, default=str)
+        json.dump(dict(chosen, vocab_size=spec.vocab_size, imported_from=os.path.abspath(hf_dir), model=model,
+                       placeholders=placeholders), f, indent=1, sort_keys=True, default=str)
     os.replace(os.path.join(save, "config.json.tmp"), os.path.join(save, "config.json"))
     info = dict(arch=spec.arch, checkpoint=path, layout=target.describe(target.tp * target.pp),
-                parameters=sum(t.numel() for t in weights.values()), dtype=str(dtype).replace("torch.", ""))
+                parameters=sum(t.numel() for t in weights.values()), dtype=str(dtype).replace("torch.", ""),
+                placeholders=sorted(placeholders), next=next_step(save, args, placeholders))
     log(f"wrote {path}: {spec.arch}, {info['parameters']:,} parameters, {info['dtype']}; checked for layout "
-        f"{info['layout']}; resume with --load {save}")
+        f"{info['layout']}")
+    log(f"next, continued pretraining from these weights (a fresh optimizer and LR schedule):\n  {info['next']}")
+    if placeholders:
+        log(f"{save}/config.json leaves these to the command line: "
+            + "; ".join(f"--{k.replace('_', '-')}: {why}" for k, why in placeholders.items()))
     return info
+
+
+def next_step(save: str, args, placeholders: dict) -> str:
+    """The command that continues pretraining from the import: its config.json (the model, the layout and the
+    settings given to the import), the weights only (--pretrained-checkpoint), a new run folder, the data and the
+    placeholders still to choose."""
+    ranks = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    launch = ("python -m megatron_sat.train" if ranks == 1 else
+              f"megatron-sat-torchrun --nproc-per-node {ranks} -m megatron_sat.train")
+    choose = " ".join(f"--{k.replace('_', '-')} {k.upper()}" for k in placeholders)
+    return (f"{launch} --config {save}/config.json --pretrained-checkpoint {save} --save RUN --data-path DATA"
+            + (f" {choose}" if choose else ""))

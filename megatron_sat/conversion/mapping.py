@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from megatron_sat import archs
-from megatron_sat.model.args import ModelArgs
+from megatron_sat.model.args import ModelArgs, rope_scaling_errors
 
 
 def convertible(names=None) -> tuple:
@@ -75,6 +75,8 @@ class ModelSpec(ModelArgs):
         if self.num_attention_heads % self.num_query_groups:
             raise ConversionError(f"{self.num_attention_heads} attention heads are not a multiple of "
                                   f"{self.num_query_groups} KV heads")
+        if rope_scaling_errors(self):
+            raise ConversionError("RoPE scaling: " + "; ".join(rope_scaling_errors(self)))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +85,42 @@ class ModelSpec(ModelArgs):
 # ------------------------------------------------------------------------------------------------
 # configs
 # ------------------------------------------------------------------------------------------------
+
+# RoPE in config.json: transformers 4.x reads "rope_theta" and "rope_scaling" (None, or a dict with its "rope_type" or
+# older "type"), 5.x "rope_parameters" (rope_type and rope_theta together). The one scaling built here is Llama 3.1+'s
+# "llama3": its four keys are ModelArgs' rope_scaling_* fields
+LLAMA3_KEYS = {"factor": "rope_scaling_factor", "low_freq_factor": "rope_scaling_low_freq_factor",
+               "high_freq_factor": "rope_scaling_high_freq_factor",
+               "original_max_position_embeddings": "rope_scaling_original_max_position_embeddings"}
+ROPE_TYPES = ("default", "llama3")
+
+
+def rope_keys(spec: ModelSpec) -> dict:
+    """The config.json keys of the model's RoPE, for transformers 4.x and 5.x both."""
+    theta = float(spec.rotary_base)
+    if not spec.use_rope_scaling:
+        return dict(rope_theta=theta, rope_parameters=dict(rope_type="default", rope_theta=theta))
+    scaling = dict(rope_type="llama3", **{key: getattr(spec, name) for key, name in LLAMA3_KEYS.items()})
+    return dict(rope_theta=theta, rope_scaling=scaling, rope_parameters=dict(scaling, rope_theta=theta))
+
+
+def rope_fields(cfg: dict, need) -> dict:
+    """The ModelSpec fields of an HF config's RoPE (rotary base, scaling), whichever transformers wrote it; an
+    unsupported rope_type goes to `need` (one problem, naming what is supported)."""
+    rope, scaling = cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}  # transformers 5, 4
+    params = scaling or rope
+    kind = params.get("rope_type") or params.get("type") or "default"
+    out = dict(rotary_base=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if kind not in ROPE_TYPES:
+        need(False, f"rope_type {kind!r} (supported: {' and '.join(repr(t) for t in ROPE_TYPES)}, Llama 3.1+'s RoPE "
+                    "scaling)")
+    elif kind == "llama3":
+        missing = [key for key in LLAMA3_KEYS if params.get(key) is None]
+        need(not missing, f"rope_type 'llama3' without {', '.join(missing)}")
+        out.update(use_rope_scaling=True, **{name: params[key] for key, name in LLAMA3_KEYS.items()
+                                             if params.get(key) is not None})
+    return out
+
 
 def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None) -> dict:
     """config.json contents for the export of `spec`."""
@@ -94,11 +132,12 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
         num_key_value_heads=spec.num_query_groups, head_dim=spec.kv_channels, hidden_act="silu",
         max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.init_method_std,
         rms_norm_eps=spec.layernorm_epsilon, use_cache=True, tie_word_embeddings=spec.tied,
-        rope_theta=float(spec.rotary_base), rope_parameters=dict(rope_type="default", rope_theta=float(spec.rotary_base)),
-        attention_bias=False, attention_dropout=0.0, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
+        **rope_keys(spec), attention_bias=False, attention_dropout=0.0, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
         dtype=dtype_name)
     arch = archs.get(spec.arch)
     name = arch.hf_class
+    if name and spec.use_rope_scaling:
+        raise rope_scaling_refusal(spec.arch)
     remote = dict(
         architectures=[f"{name}ForCausalLM"], model_type=arch.hf_model_type,
         auto_map={"AutoConfig": f"configuration_{spec.arch}.{name}Config",
@@ -121,6 +160,12 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype, bos=None, eos=None, pad=None)
     return out
 
 
+def rope_scaling_refusal(arch: str) -> ConversionError:
+    """An export of RoPE scaling through remote code: its modeling code has no RoPE scaling."""
+    return ConversionError(f"RoPE scaling (llama3) exports only as the Transformer (transformers' Llama or Qwen3): "
+                           f"the {arch} export's modeling code has no RoPE scaling")
+
+
 def spec_from_hf_config(cfg: dict) -> ModelSpec:
     """The ModelSpec of an HF config.json (ours, the SATFormer authors', or a Qwen3 or Llama model we can hold:
     free head dim, GQA, untied embeddings, any rope theta; Llama has no q/k norms)."""
@@ -139,20 +184,22 @@ def spec_from_hf_config(cfg: dict) -> ModelSpec:
     if arch is None:
         raise ConversionError(f"model_type {mt!r} cannot be imported: expected one of "
                               + ", ".join(repr(t) for t in (*dict.fromkeys(types.values()), "llama")))
+    rope = rope_fields(cfg, need)
     if archs.get(arch).hf_class is None:  # transformers' own classes (Qwen3, Llama): the arch reads their config
-        kw = archs.get(arch).hf_spec_fields(cfg, need)
+        kw = dict(archs.get(arch).hf_spec_fields(cfg, need), **rope)
     else:
         extra = archs.get(arch).hf_extra_fields(cfg, need)  # the arch's keys (its module, megatron_sat/archs/)
         need(not cfg.get("qkv_bias", False), "qkv_bias=True (the Megatron model has no biases)")
         need(not cfg.get("value_residual_proj_bias", False), "value_residual_proj_bias=True")
         need(cfg.get("window_size") is None, "window_size (sliding-window attention)")
         need(cfg.get("hidden_act", "swish") in ("swish", "silu"), f"hidden_act {cfg.get('hidden_act')!r}")
+        need(not rope.get("use_rope_scaling"), "RoPE scaling (llama3; the remote code has none)")
         h = cfg["hidden_size"]
         ffn = cfg.get("intermediate_size") or int(h * (cfg.get("hidden_ratio") or 4))
         kw = dict(arch=arch, num_layers=cfg["num_hidden_layers"], hidden_size=h,
                   num_attention_heads=cfg["num_heads"], num_query_groups=cfg.get("num_kv_heads") or cfg["num_heads"],
                   ffn_hidden_size=ffn, kv_channels=cfg.get("head_dim") or h // cfg["num_heads"],
-                  rotary_base=cfg.get("rope_theta", 1e4),
+                  rotary_base=rope["rotary_base"],
                   # the classes' defaults: q/k norms in the value-residual archs
                   qk_layernorm=bool(cfg.get("qk_norm", archs.get(arch).value_residual)),
                   layernorm_epsilon=cfg.get("norm_eps", 1e-6), value_residual_last_k=cfg.get("value_residual_last_k"),

@@ -174,7 +174,10 @@ def spec_from_args(args: dict, metadata: dict) -> ModelSpec:
     if hidden != model.hidden_size:
         raise ConversionError(f"the checkpoint's embedding is {hidden} wide but its args say "
                               f"hidden_size={model.hidden_size}")
-    return ModelSpec(**record(model), vocab_size=vocab, max_position_embeddings=args.get("seq_length") or 4096,
+    # the positions: an import records its HF config's (Megatron-LM's --max-position-embeddings), a run its own
+    # unless given; else the sequence length it trained at
+    positions = args.get("max_position_embeddings") or args.get("seq_length") or 4096
+    return ModelSpec(**record(model), vocab_size=vocab, max_position_embeddings=positions,
                      rotary_base=args.get("rotary_base") or 10000, tied="output_layer.weight" not in metadata)
 
 

@@ -131,6 +131,25 @@ class ModelArgs:
     qk_layernorm: bool = model_field(True, flag="--qk-layernorm", megatron="--qk-layernorm",
                                      help="per-head RMSNorm of q and k (default on, as the paper; --no-qk-layernorm: "
                                           "off, as Llama)")
+    # Llama 3.1+ RoPE scaling (transformers' rope_type "llama3"): the inverse frequencies whose wavelength is longer
+    # than original / low are divided by the factor, those shorter than original / high are kept, those between are
+    # interpolated smoothly (model/rope.py). Megatron-Core's RotaryEmbedding fixes low, high and original at 1, 4
+    # and 8192; here all four are the model's, so any Llama 3.x config is exact
+    use_rope_scaling: bool = model_field(
+        False, flag="--use-rope-scaling", megatron="--use-rope-scaling",
+        help="Llama 3.1+ RoPE scaling (rope_type llama3) with the four --rope-scaling-* values")
+    rope_scaling_factor: float = model_field(
+        8.0, flag="--rope-scaling-factor", megatron="--rope-scaling-factor",
+        help="with --use-rope-scaling: low frequencies divided by this (>= 1; Llama 3.1: 8, Llama 3.2: 32)")
+    rope_scaling_low_freq_factor: float = model_field(
+        1.0, flag="--rope-scaling-low-freq-factor",
+        help="with --use-rope-scaling: wavelengths above original / this are scaled by the factor (> 0)")
+    rope_scaling_high_freq_factor: float = model_field(
+        4.0, flag="--rope-scaling-high-freq-factor",
+        help="with --use-rope-scaling: wavelengths below original / this are kept (> the low factor)")
+    rope_scaling_original_max_position_embeddings: int = model_field(
+        8192, flag="--rope-scaling-original-max-position-embeddings",
+        help="with --use-rope-scaling: the context the model was first trained at (> 0; Llama 3.x: 8192)")
     # the paper's Llama-style block (docs/architectures.md): fixed here, recorded and checked on resume
     normalization: str = model_field("RMSNorm", megatron="--normalization")
     gated_linear_unit: bool = model_field(True, megatron="--swiglu")
@@ -176,6 +195,21 @@ REQUIRED = tuple(f.name for f in FIELDS if f.metadata["required"])
 # what runs recorded before a field existed used, where that differs from the field's default today: every reader
 # of an older checkpoint or config.json (from_record, the resume check) fills it in from here
 LEGACY_DEFAULTS = {"qk_norm_eps": 1e-6}  # q/k norms used the other norms' eps before they had their own
+
+
+def rope_scaling_errors(model) -> list:
+    """One line per bad RoPE scaling value of `model` (a ModelArgs, or anything with its fields), under the trainer's
+    flag names; checked whether or not --use-rope-scaling is on (the values are recorded either way)."""
+    out = []
+    if not model.rope_scaling_factor >= 1:
+        out.append(f"--rope-scaling-factor must be >= 1 (got {model.rope_scaling_factor})")
+    low, high = model.rope_scaling_low_freq_factor, model.rope_scaling_high_freq_factor
+    if not 0 < low < high:
+        out.append(f"need 0 < --rope-scaling-low-freq-factor ({low}) < --rope-scaling-high-freq-factor ({high})")
+    if not model.rope_scaling_original_max_position_embeddings > 0:
+        out.append("--rope-scaling-original-max-position-embeddings must be > 0 (got "
+                   f"{model.rope_scaling_original_max_position_embeddings})")
+    return out
 
 
 def defaults() -> dict:

@@ -26,7 +26,7 @@ from megatron.core.utils import init_method_normal
 
 from megatron_sat import archs
 from megatron_sat.archs import GATES, LOCAL_ATTENTION, OUTPUT_LAYER_INITS, arch_errors
-from megatron_sat.model.args import NAMES, ModelArgs
+from megatron_sat.model.args import NAMES, ModelArgs, rope_scaling_errors
 
 
 @dataclass
@@ -47,6 +47,8 @@ class SATConfig(TransformerConfig, ModelArgs):
                              f"{', '.join(LOCAL_ATTENTION)}")
         if not self.qk_norm_eps > 0:
             raise ValueError(f"qk_norm_eps must be > 0 (got {self.qk_norm_eps}); the authors' q/k norms use 1e-5")
+        if rope_scaling_errors(self):
+            raise ValueError("; ".join(rope_scaling_errors(self)))
         errors = arch_errors(self.arch, fp8=self.fp8, recompute_granularity=self.recompute_granularity,
                              hc_expansion_rate=self.hc_expansion_rate, value_residual_gate=self.value_residual_gate,
                              resformer_lambdas=self.resformer_lambdas,

@@ -25,6 +25,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron_sat import archs, compat
 from megatron_sat.model import dense_transport, v1_transport
 from megatron_sat.model.config import SATConfig
+from megatron_sat.model.rope import scale_rotary
 from megatron_sat.model.specs import layer_spec
 
 
@@ -133,5 +134,6 @@ def build_model(
             rotary_base=rotary_base,
             vp_stage=vp_stage,
         )
+        scale_rotary(model, config)  # Llama 3.1+ RoPE scaling, all four of its values (model/rope.py)
         chunks.append(model.to(compat.device()))
     return chunks

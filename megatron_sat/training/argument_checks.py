@@ -15,6 +15,7 @@ import re
 from typing import List, Optional, Sequence
 
 from megatron_sat import archs
+from megatron_sat.model.args import rope_scaling_errors
 from megatron_sat.outputs import check_output
 from megatron_sat.training import megatron_lm_flags
 from megatron_sat.training.run_folder import holds_run  # no megatron
@@ -245,6 +246,7 @@ def megatron_lm_flag_errors(args: argparse.Namespace) -> List[str]:
                    "the norms here do not: use --weight-decay-params matrices (norms undecayed), where it is a no-op")
     if args.init_method_std <= 0:  # a ModelArgs field (model/args.py)
         out.append(f"--init-method-std must be > 0 (got {args.init_method_std})")
+    out += rope_scaling_errors(args)  # ModelArgs fields (model/args.py)
     if args.num_workers < 0 or args.manual_gc_interval < 0:
         out.append("--num-workers and --manual-gc-interval must be >= 0")
     if args.overlap_param_gather and args.use_distributed_optimizer is False:

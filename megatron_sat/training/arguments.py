@@ -21,7 +21,7 @@ from megatron_sat.model import args as model_args  # no torch
 from megatron_sat.parallel.world import world_from_env  # torchrun's or srun's world, without importing torch
 from megatron_sat.training import megatron_lm_flags
 from megatron_sat.training.argument_checks import argument_errors, refusal
-from megatron_sat.training.config_file import dump_config, explicit_dests, read_config
+from megatron_sat.training.config_file import dump_config, explicit_dests, placeholder_errors, read_config
 
 
 class Parser(argparse.ArgumentParser):
@@ -437,6 +437,8 @@ def _resolve(argv: List[str], read_files: bool):
     level.update({k: 2 for k, v in config.items() if v is not None})
     level.update({k: 3 for k in given})
     errors = _resolve_layers(args, level, read_files) + megatron_lm_flags.resolve(args, level)
+    if given.get("config"):  # an HF import's record: its placeholders must come from the command line
+        errors += placeholder_errors(given["config"], given)
     not_here, unknown = megatron_lm_flags.unsupported(unknown)  # MoE, Megatron-FSDP: one problem each
     if unknown:  # reported with the other problems (argparse would stop at it with its usage)
         errors.insert(0, f"unrecognized arguments: {' '.join(unknown)} (--help lists the flags)")

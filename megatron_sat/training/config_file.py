@@ -4,7 +4,9 @@ A config file holds the trainer's arguments under their flag names, with dashes 
 (`hidden-size: 2048` or `hidden_size: 2048`); `--print-config` writes one from the resolved arguments.
 A run's own RUN/config.json is a config file too: its "arguments" entry (the run's resolved arguments)
 is read, or, in a config.json written before that entry existed (and in the config.json of an HF import,
-tools/convert_from_hf.py), the top-level keys that are flags.
+tools/convert_from_hf.py), the top-level keys that are flags. An import leaves the training settings it could not
+choose (--lr, --train-iters, --seq-length, unless given to it) as "placeholders": a run on that file must give them
+on its command line (placeholder_errors).
 
 The values go through the flag's own argparse type and choices (argparse and PyYAML do the work; the
 only code here maps a file's keys onto the parser's actions). Precedence, resolved in arguments.py:
@@ -73,8 +75,9 @@ def _run_record_arguments(data: dict, actions: dict):
     if isinstance(data.get("arguments"), dict) and "world_size" in data:
         out = dict(data["arguments"])
     elif ("world_size" in data and "model" in data and "num_parameters" in data) or "imported_from" in data:
-        # a run's config.json written before "arguments", or tools/convert_from_hf.py's record of an import
-        out = {k: v for k, v in data.items() if k in actions}
+        # a run's config.json written before "arguments", or tools/convert_from_hf.py's record of an import (its
+        # placeholders have no value: the command line gives them, placeholders())
+        out = {k: v for k, v in data.items() if k in actions and k not in placeholders(data)}
         if out.get("mock_data") or out.get("embedded_data"):  # the top-level vocab_size is the padded one
             out["vocab_size"] = data.get("tokenizer_vocab_size", out.get("vocab_size"))
         else:
@@ -86,6 +89,29 @@ def _run_record_arguments(data: dict, actions: dict):
     if out.get("load") and out.get("save") and os.path.normpath(out["load"]) == os.path.normpath(out["save"]):
         out["load"], out["ckpt_step"] = None, None
     return out
+
+
+def placeholders(data: dict) -> dict:
+    """{dest: what to choose} of the training settings an HF import's config.json leaves to the command line
+    (conversion/importer.py's PLACEHOLDERS; {} for any other config file)."""
+    found = data.get("placeholders") if "imported_from" in data else None
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def placeholder_errors(path: str, given: dict) -> List[str]:
+    """One line if config file `path` is an HF import's record whose placeholders the command line (`given`: its
+    {dest: value}) does not all give."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []  # read_config says what is wrong with it
+    left = {k: why for k, why in placeholders(data if isinstance(data, dict) else {}).items()
+            if k not in given and not (k == "train_iters" and "train_samples" in given)}
+    if not left:
+        return []
+    return [f"--config {path} is an HF import's record whose training settings are placeholders: give "
+            + "; ".join(f"--{k.replace('_', '-')} ({why})" for k, why in left.items())]
 
 
 def coerce(action: argparse.Action, value, path: str):

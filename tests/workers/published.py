@@ -18,8 +18,8 @@ from conversion import VOCAB, write_tokenizer
 
 SEQ, BATCH = 32, 2
 SOURCES = ("qwen3", "llama")
-IMPORT_FLAGS = ["--lr", "1e-3", "--train-iters", "3", "--mock-data", "--vocab-size", str(VOCAB),
-                "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+IMPORT_FLAGS = ["--lr", "1e-3", "--train-iters", "3", "--seq-length", str(SEQ), "--mock-data", "--vocab-size",
+                str(VOCAB), "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 
 
 def tokens():
