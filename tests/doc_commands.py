@@ -5,8 +5,9 @@ indented blocks, one command per line with its `\\` continuation lines and hered
 prompts dropped. `classify()` gives each command the first rule of RULES whose page and pattern match it:
 
     RUN      cheap on a CPU (seconds): run for real, as typed, from a scratch folder (python and the console scripts of
-             the venv first on PATH, tools/ read from the repository), in page order: a command may read what an
-             earlier one wrote (docs/dry_run.md's exp.yaml is docs/ecosystem.md's)
+             the venv first on PATH, tools/ read from the repository): the shell ones by bash first, then the Python
+             ones in one interpreter (tests/doc_batch.py), each in page order; a command may read what an earlier
+             one wrote (docs/dry_run.md's exp.yaml is the heredoc of docs/ecosystem.md)
     COVERED  a training, conversion or Slurm command an existing test already runs: the rule names that test
              (`tests/test_x.py::test_name`) and the test fails if the named test is gone
     GPU      needs a GPU (a GPU layout, CUDA, Transformer Engine)

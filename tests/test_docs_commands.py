@@ -8,6 +8,7 @@ has the rules); commands the tools print run as typed too.
     then the Python ones in one interpreter (tests/doc_batch.py): `--help`, `--print-config`, plan-layout (plan,
     --search, --all, --json), submit-grid --dry-run, the dry runs, param_counts; each exits 0 with its output;
   * the one-liner the trainer prints for GPT-2's vocab.json + merges.txt makes a tokenizer the trainer reads.
+  * every relative link and figure of the pages exists inside the repository.
 """
 
 import json
@@ -20,7 +21,7 @@ import time
 
 import pytest
 import tokenizers
-from doc_commands import KINDS, RULES, classify, commands
+from doc_commands import KINDS, PAGES, RULES, classify, commands
 
 from megatron_sat.data.tokenizer import load_tokenizer
 from megatron_sat.training.arguments import parse_args
@@ -126,3 +127,20 @@ def test_the_gpt2_conversion_the_trainer_prints_runs_as_typed(tmp_path, capsys):
     sample = "the lazy fox sleeps"
     ids = tok.encode(sample + "<|endoftext|>")
     assert ids[-1] == tok.eod and len(ids) < len(sample) and tok.decode(ids[:-1]) == sample
+
+
+def test_every_relative_link_resolves_inside_the_repository():
+    """The docs' links and figures open in a checkout and on the repository's web view: each relative target exists
+    and lies inside the repository (no `../shared` of a development machine)."""
+    bad = []
+    for page in PAGES:
+        for number, line in enumerate(open(os.path.join(ROOT, page)), 1):
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                if target.startswith(("http://", "https://", "#", "mailto:")):
+                    continue
+                path = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), target.split("#")[0]))
+                if not os.path.exists(path) or os.path.relpath(path, ROOT).startswith(".."):
+                    bad.append(f"{page}:{number}: {target}")
+            if "../shared" in line:
+                bad.append(f"{page}:{number}: ../shared")
+    assert not bad, bad
