@@ -301,7 +301,7 @@ RULES = [
          "tests/test_run_tracking.py::test_preempted_twice_is_one_wandb_run_with_every_step_once"),
     rule("COVERED", C + "sweeps_operations.md", r"^(jq \.wandb runs/a/config\.json|wandb sync runs/a/wandb/)",
          "tests/test_collect_grid.py::test_wandb_summary_run_and_the_trainers_group"),
-    rule("COVERED", C + "sweeps_operations.md", r"^python -m megatron_sat\.train --recipe debug_satformer --save runs/a "
+    rule("COVERED", C + "sweeps_operations.md", r"^python -m megatron_sat\.train --recipe debug_satformer --save runs/b "
          r"--load runs/b --tensorboard-dir runs/b/tb$", "tests/test_run_tracking.py::test_tensorboard_has_every_"
          "scalar_once_per_step"),
     rule("COVERED", C + "sweeps_operations.md", r"^tensorboard --logdir runs$",  # a web server: it never exits
