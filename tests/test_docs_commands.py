@@ -73,6 +73,7 @@ def test_the_extraction_joins_continuations_loops_and_heredocs_and_drops_comment
     assert not [t for t in text if t.startswith(("$ ", "#")) or ": error:" in t]
 
 
+@pytest.mark.slow  # half a minute to a few (the machine's load): the classification above stays in test-fast
 def test_the_cheap_commands_run_as_typed(tmp_path):
     runnable = _runnable()
     shell = [c for c in runnable if not PYTHON_COMMAND.match(c.text)]
