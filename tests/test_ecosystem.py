@@ -187,8 +187,10 @@ def test_export_is_readable_by_others_and_has_a_model_card(world):
     assert f"| final validation loss | {a_val[6]:.4f} (step 6) |" in card
     assert "| tiny | megatron_sat_tiny_mc | acc |" in card and "| tokens trained | 384 |" in card
     record = json.load(open(hf / "megatron_sat_conversion.json"))
-    assert record["source"] == os.path.join("..", "A", "iter_0000006") and record["tokenizer"] == os.path.join("..",
-                                                                                                                "tok")
+    # the run folder's and the tokenizer's names, no path of the machine that converted (relative or absolute)
+    assert record["source"] == os.path.join("A", "iter_0000006") and record["tokenizer"] == "tok"
+    assert str(world["tmp"]) not in card + json.dumps(record) and "../" not in card + json.dumps(record)
+    assert 'AutoTokenizer.from_pretrained("THIS_FOLDER", trust_remote_code=True)' in card
 
 
 # ------------------------------------------------------------------------------------------------------------------

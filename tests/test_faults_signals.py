@@ -245,6 +245,13 @@ def test_data_edge_cases_are_one_line_and_exit_2(tmp_path):
                                                                                        (1, 0, 0))
 
 
+def test_a_split_refusal_names_the_flags_that_give_that_split_data():
+    (test,) = split_errors("P", 3, [98, 1, 1], (1, 0, 1))
+    assert test.startswith("the test split of P") and "(--train-data-path TRAIN --test-data-path TEST)" in test
+    (valid,) = split_errors("P", 3, [98, 1, 1], (1, 1, 0))
+    assert "(--train-data-path TRAIN --valid-data-path VALID)" in valid
+
+
 # ---------------------------------------------------------------------------------------------
 # launchers: a preemption signal to the launcher's process group
 # ---------------------------------------------------------------------------------------------

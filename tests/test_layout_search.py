@@ -10,7 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from megatron_sat.training import layout_search, planner
+from megatron_sat.training.arguments import parse_args
 from megatron_sat.training.planner import plan_recipe, resolve_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,6 +147,23 @@ def test_bad_input_is_one_line_and_exit_2():
         err = _tool(*argv, expect=2).stderr.strip()
         assert len(err.splitlines()) == 1 and err.startswith("error:"), err
 
+
+
+def test_the_search_and_the_trainer_refuse_the_same_model_sizes(capsys):
+    """shape_errors: sizes >= 1, whole query groups, a head dim the hidden size gives; the search ran a zero depth
+    into a division by zero and ranked layouts of models the trainer cannot build."""
+    for extra, message in ((["--num-layers", "0"], "--num-layers 0: the model's sizes must be >= 1"),
+                           (["--num-query-groups", "5"], "--num-attention-heads 16 is not divisible by "
+                                                         "--num-query-groups 5"),
+                           (["--hidden-size", "2050"], "--hidden-size 2050 is not divisible by "
+                                                       "--num-attention-heads 16")):
+        with pytest.raises(ValueError, match=message):
+            _search(extra)
+        with pytest.raises(SystemExit) as e:
+            parse_args(MODEL + ["--mock-data", "--print-config"] + extra)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    # a head dim given as --kv-channels is a model the trainer builds (Megatron-Core's kv_channels)
+    assert _search(["--hidden-size", "2050", "--kv-channels", "128"]).ranked
 
 def test_gpu_hours_come_from_the_model():
     h100 = plan_recipe("satformer_760M", gpu="H100")

@@ -8,7 +8,8 @@ the trainer recorded in it, build the model at TP1/PP1 (dist-checkpointing resha
 it was saved at), rename and split the weights (mapping.py), and write the folder aside before
 moving it into place. Every folder carries its modeling code (trust_remote_code): the authors' classes
 for SATFormer, ResFormer and the three baselines, a Qwen3 subclass for the Transformer; a model card
-(README.md: model_card.py); megatron_sat_conversion.json, whose paths are relative to the export folder.
+(README.md: model_card.py); megatron_sat_conversion.json, which names the run folder, iteration and tokenizer, not where they lay
+(public_name: no path of the converting machine).
 Every file is readable as the umask allows (hf_io.write_hf_folder; safetensors alone would write 0600).
 """
 
@@ -29,7 +30,7 @@ from megatron_sat.conversion.mapping import (
     megatron_to_hf,
     rope_scaling_refusal,
 )
-from megatron_sat.conversion.model_card import model_card
+from megatron_sat.conversion.model_card import model_card, public_name
 from megatron_sat.data.tokenizer import load_tokenizer as load
 from megatron_sat.model.config import gate_function
 from megatron_sat.outputs import check_output
@@ -123,11 +124,11 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
         ids = dict(bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     config = hf_config(spec, out_dtype, **ids)
     common = _common(iter_dir)
-    out_abs = os.path.abspath(output)
     name = os.path.basename(iter_dir)
     info = dict(arch=spec.arch, iteration=int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else None,
-                source=_relative(iter_dir, out_abs), saved_layout=common.get("layout"), spec=spec.to_dict(),
-                tokenizer=_relative(getattr(tok, "name_or_path", None), out_abs),
+                source=os.path.join(os.path.basename(os.path.dirname(os.path.abspath(iter_dir))), name),
+                saved_layout=common.get("layout"), spec=spec.to_dict(),
+                tokenizer=public_name(getattr(tok, "name_or_path", None)),
                 dtype=str(out_dtype).replace("torch.", ""), parameters=sum(t.numel() for t in weights.values()),
                 consumed_samples=common.get("consumed_train_samples"))
     card = model_card(info, run_config, run_dir, common.get("consumed_train_samples"))
@@ -152,14 +153,6 @@ def export_checkpoint(load: str, output: str, dtype: str = "auto", overwrite: bo
 def _common(iter_dir: str) -> dict:
     """The checkpoint's common state (layout, iteration, consumed samples, ...)."""
     return dist_checkpointing.load_common_state_dict(iter_dir)
-
-
-def _relative(path: Optional[str], output: str) -> Optional[str]:
-    """A local path as seen from the export folder (the record stays true when both move together); a hub name
-    or None unchanged."""
-    if not path or not os.path.exists(path):
-        return path
-    return os.path.relpath(os.path.abspath(path), output)
 
 
 def verify_export(model, hf_dir: str, spec: ModelSpec, seq: int = 16, batch: int = 2) -> float:

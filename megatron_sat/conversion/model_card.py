@@ -58,6 +58,21 @@ def eval_scores(run_dir: Optional[str]) -> list:
     return rows
 
 
+def public_name(value):
+    """What a published card or record may say of a path: a local file or folder (or a data prefix, whose .bin/.idx
+    exist) by its name alone, not where it lay on the machine that converted; a hub name ("org/model"), a blend's
+    weights and anything else unchanged, token by token."""
+    if not isinstance(value, str):
+        return value
+
+    def one(token: str) -> str:
+        local = (os.path.isabs(token) or token.startswith(("./", "../", "~"))
+                 or any(os.path.exists(token + end) for end in ("", ".bin", ".idx")))
+        return os.path.basename(os.path.normpath(token)) if local and os.sep in token else token
+
+    return " ".join(one(t) for t in value.split())
+
+
 def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_samples: Optional[int]) -> str:
     """README.md text for the export described by `info` (export.py's summary)."""
     spec, arch = info.get("spec") or {}, info["arch"]
@@ -67,7 +82,9 @@ def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_sa
     identity = run_config.get("data_identity") or {}
     data = identity.get("data") or run_config.get("data") or "not recorded"
     if isinstance(data, dict):
-        data = ", ".join(f"{k}: {v}" for k, v in data.items() if v)
+        data = ", ".join(f"{k}: {public_name(v)}" for k, v in data.items() if v)
+    else:
+        data = public_name(data)
     meta = ModelCardData(license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
                          tags=["megatron-sat", arch, *(archs.get(arch).tags or (arch,))])
     shape = (f"{spec.get('num_layers')} layers, hidden size {spec.get('hidden_size')}, "
@@ -84,7 +101,7 @@ def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_sa
         f"| parameters | {info['parameters']:,} |",
         f"| weights | {info.get('dtype')}, from iteration {info.get('iteration')} (`{info.get('source')}`) |",
         f"| data | {data} |",
-        f"| tokenizer | {info.get('tokenizer') or run_config.get('tokenizer') or 'not recorded'} |",
+        f"| tokenizer | {public_name(info.get('tokenizer') or run_config.get('tokenizer')) or 'not recorded'} |",
         f"| tokens trained | {'not recorded' if tokens is None else f'{tokens:,}'} |",
         f"| final validation loss | {'not recorded' if val is None else f'{val[1]:.4f} (step {val[0]})'} |",
         f"| recipe | {run_config.get('recipe') or 'none (flags)'} |",
@@ -97,7 +114,7 @@ def model_card(info: dict, run_config: dict, run_dir: Optional[str], consumed_sa
         lines.append("")
     lines += ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
               'model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER", trust_remote_code=True)',
-              'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")', "```", "",
+              'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER", trust_remote_code=True)', "```", "",
               f"Loads in transformers {TRANSFORMERS_RANGE}, 4.x and 5.x alike (model, modeling code and tokenizer; "
               "checked on 4.57.1 and 5.24).", "",
               "## Licence", "", "Apache-2.0.", "",

@@ -105,7 +105,8 @@ def split_errors(prefix: str, documents: int, shares, needed) -> list:
         if share > 0 and need and int(round(end * documents)) <= int(round(start * documents)):
             out.append(f"the {name} split of {prefix} gets no document: --split divides its {documents} "
                        f"document{'s' if documents != 1 else ''} whole. Use more documents, a larger {name} share, or "
-                       f"separate data for it ({'--valid-data-path' if name == 'valid' else '--train-data-path'})"
+                       f"separate data for it (--train-data-path TRAIN"
+                       f"{'' if name == 'train' else f' --{name}-data-path {name.upper()}'})"
                        + (" or --split 100,0,0 without evaluation" if name != "train" else ""))
         start = end
     return out

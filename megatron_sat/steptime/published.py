@@ -4,8 +4,7 @@ table; docs/step_time.md shows it; tests/test_steptime.py checks the docs' table
 Sources (transcribed, never tuned per row):
   H100_WEAK    Megatron-LM README, "Performance Benchmarking" (images/model_table.png, Megatron-Core r0.8-era runs on
                H100 SXM, 8 a node): nine GPT models, vocabulary 131,072, sequence 4,096, BF16, --overlap-grad-reduce
-               --overlap-param-gather --tp-comm-overlap; TFLOP/s per GPU in model FLOPs (also
-               ../shared/reference/published-throughput.md).
+               --overlap-param-gather --tp-comm-overlap; TFLOP/s per GPU in model FLOPs.
   H100_STRONG  the same README's strong-scaling curve of the 177B model at batch 1,152: 47% MFU on 96 H100s, 42% on
                4,608 (MFU of the dense BF16 peak, 989.4 TFLOP/s; read as TFLOP/s = MFU x peak). Layout: TP8 PP6
                as the weak-scaling 177B row (not published for this curve).

@@ -63,7 +63,7 @@ def argument_errors(args: argparse.Namespace, world_size: Optional[int], *, inpu
     cluster). inputs=False leaves out what needs the disk or the data (a data source, datasets, --load, --save,
     packages): `--print-config`, plan-layout and the dry run. gpu, te: whether the run is on GPUs and has
     Transformer Engine there (None: not known yet; the checks that need them wait for trainer.configure)."""
-    errors = arch_flag_errors(args)
+    errors = shape_errors(args) + arch_flag_errors(args)
     world = world_errors(args, world_size) if world_size is not None else []
     errors += world
     if world_size is not None and not world:
@@ -172,6 +172,27 @@ def input_errors(args: argparse.Namespace) -> List[str]:
     return errors
 
 
+def shape_errors(args: argparse.Namespace) -> List[str]:
+    """The model's sizes: each >= 1, whole query groups, and a head dim the hidden size gives (or --kv-channels).
+    Megatron-Core checks none of these before it builds: a zero depth divided by zero, three query groups of four
+    heads failed in a reshape mid-forward. Run by the trainer, --print-config, the planner, its layout search and the
+    dry run (argument_errors)."""
+    out = []
+    sizes = dict(num_layers=args.num_layers, hidden_size=args.hidden_size,
+                 num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,
+                 num_query_groups=args.num_query_groups)
+    small = [f"--{k.replace('_', '-')} {v}" for k, v in sizes.items() if v is not None and v < 1]
+    if small:
+        return [f"{', '.join(small)}: the model's sizes must be >= 1"]
+    heads, groups = args.num_attention_heads, args.num_query_groups
+    if heads is not None and groups is not None and heads % groups:
+        out.append(f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups}: each query "
+                   "group (KV head) serves the same number of heads")
+    if heads is not None and args.hidden_size is not None and args.kv_channels is None and args.hidden_size % heads:
+        out.append(f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {heads}: give sizes "
+                   "that divide, or the head dim as --kv-channels")
+    return out
+
 def world_errors(args: argparse.Namespace, world_size: int) -> List[str]:
     """The world size against TP x PP x CP (argument_errors' first check; the throughput profiler's too, which
     needs the data-parallel size before it can build a model for parallel.layout.validate)."""
@@ -183,6 +204,13 @@ def world_errors(args: argparse.Namespace, world_size: int) -> List[str]:
 
 # the tokenizer types of Megatron-LM's --tokenizer-type that mean something here
 TOKENIZER_TYPES = ("HuggingFaceTokenizer", "NullTokenizer")
+
+
+# GPT-2's vocab.json + merges.txt as one tokenizers file (the tokenizers library, the same in transformers 4 and 5:
+# transformers 5's GPT2TokenizerFast(vocab_file=..., merges_file=...) saved a one-token tokenizer).  Printed by the
+# refusal of --vocab-file/--merge-file and run as typed by tests/test_docs_commands.py.
+GPT2_TO_TOKENIZER_JSON = ("python -c \"import tokenizers as t; b = t.ByteLevelBPETokenizer('VOCAB', 'MERGES'); "
+                          "b.add_special_tokens(['<|endoftext|>']); b.save('tokenizer.json')\"")
 
 
 def megatron_lm_errors(args: argparse.Namespace) -> List[str]:
@@ -254,10 +282,9 @@ def megatron_lm_flag_errors(args: argparse.Namespace) -> List[str]:
     if (args.decoupled_min_lr is not None) and args.decoupled_lr is None:
         out.append("--decoupled-min-lr needs --decoupled-lr")
     if args.vocab_file or args.merge_file:
-        out.append("--vocab-file/--merge-file (GPT2BPETokenizer) are not read here: save them as a Hugging Face "
-                   "tokenizer, python -c \"from transformers import GPT2TokenizerFast as T; T(vocab_file='VOCAB', "
-                   "merges_file='MERGES').save_pretrained('DIR')\", and pass --tokenizer-type HuggingFaceTokenizer "
-                   "--tokenizer-model DIR (the data must have been made with that tokenizer)")
+        out.append("--vocab-file/--merge-file (GPT2BPETokenizer) are not read here: save them as one tokenizers "
+                   "file, " + GPT2_TO_TOKENIZER_JSON + ", and pass --tokenizer-type HuggingFaceTokenizer "
+                   "--tokenizer-model tokenizer.json (the data must have been made with that tokenizer)")
     if args.decoupled_lr is not None and args.weight_decay_params == "all":
         out.append("--decoupled-lr goes with --weight-decay-params matrices (Megatron-Core's parameter groups); "
                    "drop one of them")

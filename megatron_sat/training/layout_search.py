@@ -35,6 +35,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from megatron_sat import steptime
 from megatron_sat.training import planner
+from megatron_sat.training.argument_checks import argument_errors
 from megatron_sat.training.arguments import build_parser
 from megatron_sat.training.config_file import explicit_dests, read_config
 
@@ -221,6 +222,9 @@ def search(args, cluster_spec, overrides: Sequence[str] = (), top: Optional[int]
     from megatron_sat.model.args import model_args
     from megatron_sat.training.setup import model_config  # torch and megatron-core (see planner.make_plan)
 
+    problems = argument_errors(args, None, inputs=False, gpu=True, te=True)  # the trainer's checks, as the planner's
+    if problems:
+        raise ValueError("; ".join(problems))
     cl = steptime.cluster(cluster_spec) if isinstance(cluster_spec, str) else cluster_spec
     world = cl.nodes * cl.gpus_per_node
     gpu = True  # the step-time model describes GPUs (and a measured CPU: steptime's own hardware, same search)
