@@ -81,7 +81,9 @@ def _factory_from_saved(factory, own: tuple, saved: dict):
         if not isinstance(built, list):
             return built
         dropped.clear()
-        dropped.update({i: t.data for i, t in enumerate(built) if isinstance(t, ShardedTensor) and is_own(t.key, own)})
+        # a copy: the built tensor may be a view made under no_grad (the fused gate's rows at TP > 1)
+        dropped.update({i: t.data.detach().clone() for i, t in enumerate(built)
+                        if isinstance(t, ShardedTensor) and is_own(t.key, own)})
         return [_from_saved(t, saved) if isinstance(t, ShardedTensor) else t
                 for i, t in enumerate(built) if i not in dropped]
 
