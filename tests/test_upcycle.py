@@ -8,9 +8,9 @@ learns. Four trainer launches of the debug recipes (mock data, seed 1234, a firs
   S   debug_satformer --pretrained-checkpoint T (std 1e-4)            next to T (stated tolerance); about half the gate
                                                                       open; W_alpha moves (the gate's mean grows
                                                                       many times in one step)
-  I   debug_satformer --pretrained-checkpoint IMPORT, where IMPORT is T exported to HF and imported with --arch
-      satformer (tests/workers/upcycle.py): the same start as S (its losses equal S's); S0, S and this route run
-      side by side
+  I   debug_satformer --pretrained-checkpoint IMPORT at TP2 (the fused gate's rows split over 2 ranks), where IMPORT
+      is T exported to HF and imported with --arch satformer (tests/workers/upcycle.py): the same start as S, drawn
+      the same at another layout (its losses are S's); S0, S and this route run side by side
 
 and the refusals, without a launch.
 """
@@ -58,7 +58,8 @@ def runs(tmp_path_factory):
              "S": start(cmd(1, [*SAT, "--pretrained-checkpoint", tmp / "T", "--save", tmp / "S"]))}
     wait("hf", start([sys.executable, os.path.join(ROOT, "tests", "workers", "upcycle.py"), tmp / "T", tmp / "HF",
                       tmp / "IMPORT", "--arch", "satformer", "--seed", "1234"]))
-    procs["I"] = start(cmd(1, [*SAT, "--pretrained-checkpoint", tmp / "IMPORT", "--save", tmp / "I"]))
+    procs["I"] = start(cmd(2, [*SAT, "--pretrained-checkpoint", tmp / "IMPORT", "--save", tmp / "I",
+                               "--tensor-model-parallel-size", "2"]))
     for name, proc in procs.items():
         wait(name, proc)
     return {name: metrics(tmp / name) for name in ("T", "S0", "S", "I")} | {"logs": logs}
@@ -84,10 +85,13 @@ def test_default_std_starts_next_to_the_transformer_and_the_gate_learns(runs):
 
 
 def test_the_hf_route_makes_the_same_start(runs):
-    """T exported and imported with --arch satformer (default std): the trainer route's start, drawn the same."""
+    """T exported and imported with --arch satformer (default std), trained at TP2: the trainer route's start, drawn
+    the same at another layout, and the same training."""
     (s, s_val), (i, i_val) = runs["S"], runs["I"]
-    assert [i[k]["loss"] for k in (1, 2, 3)] == [s[k]["loss"] for k in (1, 2, 3)]
-    assert i_val == s_val and i[3]["gate_mean"] == s[3]["gate_mean"]
+    for step in (1, 2, 3):  # TP2 against one rank: float32 rounding
+        assert abs(i[step]["loss"] - s[step]["loss"]) <= 1e-6 * s[step]["loss"], step
+        assert abs(i_val[step] - s_val[step]) <= 1e-6 * s_val[step], step
+        assert i[step]["gate_mean"][1:] == pytest.approx(s[step]["gate_mean"][1:], rel=1e-4), step
 
 
 def _spec(arch="transformer", **kw):
