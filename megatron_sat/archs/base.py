@@ -19,7 +19,7 @@ ModelSpec. The hooks, by reader:
     step time   step_ops(model, layer, ctx): the operators the arch adds to a layer (steptime/)
     conversion  hf_model_type, hf_class, hf_config(spec, cfg), hf_spec_fields(cfg, need), hf_names(),
                 layer_extras(spec) (conversion/mapping.py); hf_code (conversion/hf_io.py)
-    upcycling   upcycle_switches, own_fields(model), upcycle_errors(model, setting), upcycle_start(name, std),
+    upcycling   upcycle_switch(field), own_fields(model), upcycle_errors(model, setting), upcycle_start(name, std),
                 upcycle_note: starting the arch from a Transformer's weights (model/upcycle.py: the trainer's
                 --pretrained-checkpoint of a Transformer run and the HF import's --arch)
     words       title (model card, figure legends), tags (model card), colour (sweep figures)
@@ -65,9 +65,6 @@ class Arch:
     banner_note: Optional[str] = None
     # what the planner's memory estimate counts for a baseline (printed under its plan by plan-layout)
     memory_note: Optional[str] = None
-    # the ModelArgs fields of the arch's own switches, which a Transformer's checkpoint has no say on (a start from
-    # one takes them from the command)
-    upcycle_switches: tuple = ()
     # how a start from a Transformer sets the arch's own parameters (the run's log line)
     upcycle_note: Optional[str] = None
 
@@ -166,6 +163,11 @@ class Arch:
         return ctx.layer()
 
     # ---- starting from a Transformer (upcycling) -----------------------------------------------------------
+    def upcycle_switch(self, field: str) -> bool:
+        """Whether ModelArgs field `field` is one of the arch's own switches, which a Transformer's checkpoint has no
+        say on (a start from one takes them from the command)."""
+        return False
+
     def own_fields(self, model) -> tuple:
         """Name suffixes of the parameters the arch adds over a Transformer (a start from a Transformer's weights
         sets them by upcycle_start; every other tensor comes from the Transformer)."""

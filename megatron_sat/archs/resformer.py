@@ -21,10 +21,12 @@ class ResFormer(ValueResidual):
         ("self_attention.value_residual_lambda2", "{attn}.value_residual_mixing.lambda2", "1", "", None, "mixing"),
     )
 
-    upcycle_switches = ("value_residual_last_k", "resformer_lambdas")
     upcycle_note = "lambda1 = 0 (scale 0, logits 0), lambda2 = 1: exactly the Transformer, every other weight its own"
     _STARTS = {"value_residual_lambdas.logits": 0.0, "value_residual_lambdas.scale": 0.0,
                "self_attention.value_residual_lambda2": 1.0}
+
+    def upcycle_switch(self, field) -> bool:
+        return field == "value_residual_last_k" or field.startswith("resformer_")
 
     def own_fields(self, model) -> tuple:
         return tuple(self._STARTS) if self.learned_lambdas(model) else ()

@@ -27,8 +27,10 @@ class SATFormer(ValueResidual):
          None, "mixing"),
     )
 
-    upcycle_switches = ("value_residual_gate", "value_residual_last_k", "value_residual_gate_impl")
     upcycle_note = "W_alpha ~ N(0, {std}^2) (--upcycle-gate-std), every other weight the Transformer's"
+
+    def upcycle_switch(self, field) -> bool:
+        return field.startswith("value_residual_")  # the gate, its impl, last-k
 
     def own_fields(self, model) -> tuple:
         return ("self_attention.value_residual_gate.weight",)

@@ -84,13 +84,13 @@ def trainer_args(spec, trainer_argv: List[str]):
     if grow and not archs.get(spec.arch).plain:
         raise ConversionError(f"--arch {args.arch} on a {spec.arch} model: only a Transformer (Qwen3, Llama) can "
                               f"start another arch (--arch {' or --arch '.join(archs.UPCYCLE_TARGETS)}); drop --arch")
-    switches = archs.get(args.arch).upcycle_switches if grow else ()
-    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and dest in ("arch",) + switches))
+    switch = archs.get(args.arch).upcycle_switch  # the new arch's own switches: the command's
+    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and (dest == "arch" or switch(dest))))
     if clash:
         raise ConversionError("the model's shape comes from the HF config; do not pass " + ", ".join(clash))
     if grow:
-        spec = dataclasses.replace(spec, arch=args.arch, **{k: getattr(args, k) for k in switches
-                                                            if hasattr(spec, k)})
+        spec = dataclasses.replace(spec, arch=args.arch, **{f.name: getattr(args, f.name) for f in dataclasses.fields(spec)
+                                                            if switch(f.name) and hasattr(args, f.name)})
         errors = archs.upcycle_errors(source.arch, spec, "the HF folder")
         if errors:
             raise ConversionError("; ".join(errors))

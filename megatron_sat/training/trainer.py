@@ -203,8 +203,8 @@ def _points_and_data(args, setup: Setup, log):
             errors = archs.upcycle_errors(source, SimpleNamespace(**setup.model_fields), f"{flag} {point.directory}")
             if errors:
                 raise UsageError("; ".join(errors))
-            skip = ("arch",) + archs.get(args.arch).upcycle_switches  # the new arch's own switches: the command's
-            saved = {k: v for k, v in saved.items() if k not in skip}
+            switch = archs.get(args.arch).upcycle_switch  # the new arch's own switches: the command's
+            saved = {k: v for k, v in saved.items() if k != "arch" and not switch(k)}
         differs = model_differences(saved, setup.model_fields) if point else []
         if differs:
             raise UsageError(f"{flag} {point.directory} holds another model: {'; '.join(differs)}. Pass the "
