@@ -242,7 +242,8 @@ RULES = [
          "tests/test_evaluate.py::test_evaluate_cli_offline"),
     rule("SLOW", C + "evaluation.md", r"^for run in runs/\{transformer", "every run of a sweep, each for minutes "
          "(tests/test_evaluate.py::test_evaluate_cli_offline runs tools/evaluate.py's suites)"),
-    rule("COVERED", C + "evaluation.md", r"^python -m megatron_sat\.train --config SAVE/config\.json --pretrained-checkpoint SAVE ",
+    rule("COVERED", C + "evaluation.md", r"^python -m megatron_sat\.train --config SAVE/config\.json "
+         r"--pretrained-checkpoint SAVE ",
          "tests/test_rope_scaling.py::test_import_train_export_match_transformers_past_the_original_context"),
     rule("COVERED", C + "evaluation.md", r"^python tools/collect_grid\.py runs --sweep paper --output results/paper$",
          "tests/test_collect_grid.py::test_eval_scores_become_columns_and_suite_tables"),

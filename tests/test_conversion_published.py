@@ -151,7 +151,8 @@ def test_import_refusals(built, tmp_path):
         with pytest.raises(ConversionError, match=match):
             import_hf(folder, str(tmp_path / "out"), argv, log=quiet)
 
-    refuse("only a Transformer .* can start another arch", ["--arch", "resformer"])
+    refuse("--resformer-lambdas fixed mixes 0.5 V1", ["--arch", "resformer", "--resformer-lambdas", "fixed"])
+    refuse("--arch denseformer cannot start from a Transformer", ["--arch", "denseformer"])
     refuse("--value-residual-gate sigmoid is not 0 at 0", ["--arch", "satformer", "--value-residual-gate", "sigmoid"])
     refuse("do not pass --kv-channels", ["--kv-channels", "8"])
     refuse("do not pass --no-qk-layernorm", ["--no-qk-layernorm"])

@@ -16,6 +16,8 @@ model config all read the same facts:
     mixing_layers(...)  the layers that mix V1 (the model, parameter counts, FLOPs, the HF conversion)
     ffn_size(...)       a layer's FFN width (MUDDFormer's vary with depth): the model, parameter counts,
                         FLOPs, the planner and the HF conversion
+    UPCYCLE_TARGETS     the archs a Transformer's weights can start
+    upcycle_errors(...) why a model cannot start from another arch's weights (Arch.upcycle_errors; model/upcycle.py)
     arch_errors(...)    what an arch refuses, one line each: the trainer's flags and the model config both
                         check these, the messages naming the flag or the config field
 
@@ -48,6 +50,8 @@ ARCHS = registered()  # before any user module (MSAT_ARCH_MODULES) is imported
 VALUE_RESIDUAL = tuple(a for a in ARCHS if get(a).value_residual)
 DENSE = tuple(a for a in ARCHS if get(a).dense)
 BASELINES = tuple(a for a in ARCHS if get(a).baseline)
+# the archs a Transformer's weights can start (at or next to its function: Arch.upcycle_errors, model/upcycle.py)
+UPCYCLE_TARGETS = tuple(a for a in ARCHS if type(get(a)).upcycle_errors is not Arch.upcycle_errors)
 GATES = ("relu", "sigmoid", "tanh", "identity", "softmax", "softmax_sigmoid")
 RESFORMER_LAMBDAS = ("learned", "fixed")
 GATE_IMPLS = ("fused", "separate")  # megatron_sat.model.attention; same function, same checkpoints
@@ -141,3 +145,18 @@ def arch_errors(arch: str, *, fp8: Optional[str] = None, recompute_granularity: 
                             value_residual_gate=value_residual_gate, resformer_lambdas=resformer_lambdas,
                             value_residual_gate_impl=value_residual_gate_impl)
     return errors + get(arch).errors(model, name, setting)
+
+
+def upcycle_errors(source: str, model, flag: str = "--pretrained-checkpoint") -> List[str]:
+    """Why `model` (ModelArgs' field names) cannot start from the weights of a `source` model, one line each naming
+    the trainer's flags; empty when it can (the same arch: nothing to grow)."""
+    if source == model.arch:
+        return []
+    if not known(source) or not get(source).plain:
+        return [f"{flag} holds a {source} model and --arch is {model.arch}: only a Transformer's weights start "
+                f"another arch; pass --arch {source} (or the checkpoint's recipe)"]
+
+    def setting(field: str, value) -> str:
+        return f"--{field.replace('_', '-')} {value}"
+
+    return get(model.arch).upcycle_errors(model, setting)

@@ -19,6 +19,9 @@ ModelSpec. The hooks, by reader:
     step time   step_ops(model, layer, ctx): the operators the arch adds to a layer (steptime/)
     conversion  hf_model_type, hf_class, hf_config(spec, cfg), hf_spec_fields(cfg, need), hf_names(),
                 layer_extras(spec) (conversion/mapping.py); hf_code (conversion/hf_io.py)
+    upcycling   upcycle_switch(field), own_fields(model), upcycle_errors(model, setting), upcycle_start(name, std),
+                upcycle_note: starting the arch from a Transformer's weights (model/upcycle.py: the trainer's
+                --pretrained-checkpoint of a Transformer run and the HF import's --arch)
     words       title (model card, figure legends), tags (model card), colour (sweep figures)
 
 A new reader of per-arch knowledge adds its hook here, with the Transformer's answer as the default, and overrides
@@ -62,6 +65,8 @@ class Arch:
     banner_note: Optional[str] = None
     # what the planner's memory estimate counts for a baseline (printed under its plan by plan-layout)
     memory_note: Optional[str] = None
+    # how a start from a Transformer sets the arch's own parameters (the run's log line)
+    upcycle_note: Optional[str] = None
 
     def __repr__(self) -> str:
         return f"<arch {self.name}>"
@@ -156,6 +161,29 @@ class Arch:
         operators (forward; their backward is derived), and ctx.layer(ops, qkv_columns, replaces_residual) is the
         answer. Each operator's group names it in the breakdown. The Transformer adds nothing."""
         return ctx.layer()
+
+    # ---- starting from a Transformer (upcycling) -----------------------------------------------------------
+    def upcycle_switch(self, field: str) -> bool:
+        """Whether ModelArgs field `field` is one of the arch's own switches, which a Transformer's checkpoint has no
+        say on (a start from one takes them from the command)."""
+        return False
+
+    def own_fields(self, model) -> tuple:
+        """Name suffixes of the parameters the arch adds over a Transformer (a start from a Transformer's weights
+        sets them by upcycle_start; every other tensor comes from the Transformer)."""
+        return ()
+
+    def upcycle_errors(self, model, setting) -> List[str]:
+        """One line per reason `model` cannot start from a Transformer's weights at (or next to) its function
+        (the Transformer itself never asks: its start is the checkpoint)."""
+        return [f"{setting('arch', self.name)} cannot start from a Transformer's weights: no start of it computes "
+                "the Transformer's function; train it from scratch, or start --arch satformer or --arch resformer from "
+                "the Transformer"]
+
+    def upcycle_start(self, name: str, std: float) -> tuple:
+        """How own parameter `name` starts: ('normal', std) drawn from a generator seeded by its name
+        (model/upcycle.py), or ('constant', value)."""
+        raise NotImplementedError(f"arch {self.name!r} has no own parameter {name!r}")
 
     # ---- Hugging Face ---------------------------------------------------------------------------------------
     def hf_config(self, spec, decoder: dict, remote: dict) -> dict:

@@ -21,6 +21,28 @@ class ResFormer(ValueResidual):
         ("self_attention.value_residual_lambda2", "{attn}.value_residual_mixing.lambda2", "1", "", None, "mixing"),
     )
 
+    upcycle_note = "lambda1 = 0 (scale 0, logits 0), lambda2 = 1: exactly the Transformer, every other weight its own"
+    _STARTS = {"value_residual_lambdas.logits": 0.0, "value_residual_lambdas.scale": 0.0,
+               "self_attention.value_residual_lambda2": 1.0}
+
+    def upcycle_switch(self, field) -> bool:
+        return field == "value_residual_last_k" or field.startswith("resformer_")
+
+    def own_fields(self, model) -> tuple:
+        return tuple(self._STARTS) if self.learned_lambdas(model) else ()
+
+    def upcycle_errors(self, model, setting) -> list:
+        if self.learned_lambdas(model):
+            return []
+        return [f"{setting('resformer_lambdas', 'fixed')} mixes 0.5 V1 + 0.5 V from the start, which is not the "
+                f"Transformer's function: use {setting('resformer_lambdas', 'learned')} (it starts at lambda1 = 0, "
+                "lambda2 = 1, the Transformer)"]
+
+    def upcycle_start(self, name, std) -> tuple:
+        """lambda1 = scale softmax(logits) = 0 and lambda2 = 1: V' = V, the Transformer's function; the scale's
+        gradient is not 0 there, so lambda1 learns (the logits' follows once the scale moves)."""
+        return ("constant", next(v for k, v in self._STARTS.items() if name.endswith(k)))
+
     def learned_lambdas(self, config) -> bool:
         return config.resformer_lambdas == "learned"
 

@@ -6,6 +6,7 @@ from megatron_sat.archs.registry import register
 from megatron_sat.archs.value_residual import ValueResidual, value_mix
 
 FUSED_ROW_MULTIPLE = 16  # each TP rank's fused linear_qkv width is padded to a multiple of this
+ZERO_AT_ZERO = ("relu", "tanh", "identity")  # the gates with f(0) = 0: W_alpha = 0 is the Transformer's function
 
 
 def fused_padding(groups: int, q_per_group: int, head_dim: int) -> int:
@@ -25,6 +26,26 @@ class SATFormer(ValueResidual):
         ("self_attention.value_residual_gate.weight", "{attn}.value_residual_mixing.alpha_proj.weight", "ng h", "ng h",
          None, "mixing"),
     )
+
+    upcycle_note = "W_alpha ~ N(0, {std}^2) (--upcycle-gate-std), every other weight the Transformer's"
+
+    def upcycle_switch(self, field) -> bool:
+        return field.startswith("value_residual_")  # the gate, its impl, last-k
+
+    def own_fields(self, model) -> tuple:
+        return ("self_attention.value_residual_gate.weight",)
+
+    def upcycle_errors(self, model, setting) -> list:
+        if model.value_residual_gate in ZERO_AT_ZERO:
+            return []
+        return [f"{setting('value_residual_gate', model.value_residual_gate)} is not 0 at 0, so a SATFormer started "
+                "from a Transformer would not compute the Transformer's function: use one of "
+                f"{', '.join(ZERO_AT_ZERO)}"]
+
+    def upcycle_start(self, name, std) -> tuple:
+        """W_alpha ~ N(0, std^2): std 0 is exactly the Transformer (alpha = f(0) = 0), but a ReLU gate's gradient
+        is 0 there and it never opens; a small std opens about half the gate units, alpha V1 tiny."""
+        return ("normal", std)
 
     def fused_gate(self, cfg, tp: int) -> bool:
         """Whether the gate is fused at TP size `tp`: the fused impl, num_query_groups divisible by TP, no bias."""

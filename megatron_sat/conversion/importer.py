@@ -12,8 +12,11 @@ cannot choose (PLACEHOLDERS: --lr, --train-iters, --seq-length), when not given 
 config.json as "placeholders" without a value: a run on `--config SAVE/config.json` must give them, and the
 import prints that command (next_step). Official Qwen3 (Qwen3ForCausalLM) and Llama (LlamaForCausalLM:
 --no-qk-layernorm, its norm eps) folders import as the Transformer; with `--arch satformer` (and
-optionally --value-residual-gate relu|tanh|identity, --value-residual-last-k) one starts a SATFormer whose
-W_alpha is zero, which computes exactly the Transformer's function (V' = V + f(0) V1 = V).
+optionally --value-residual-gate relu|tanh|identity, --value-residual-last-k, --upcycle-gate-std) one starts a
+SATFormer whose W_alpha is drawn from N(0, std^2) (default 1e-4: the gate open in about half its units, within a
+tiny step of the Transformer; --upcycle-gate-std 0 is exactly the Transformer, whose ReLU gate never opens), with
+`--arch resformer` a ResFormer at lambda1 = 0, lambda2 = 1 (exactly the Transformer): model/upcycle.py, the same
+start the trainer's --pretrained-checkpoint of a Transformer run makes.
 SAVE is locked as the trainer locks a run folder (megatron_sat/training/run_lock.py).
 What is written (megatron_sat.training.checkpointing's format):
 
@@ -55,6 +58,7 @@ from megatron_sat.conversion.mapping import (
     megatron_shapes,
     spec_from_hf_config,
 )
+from megatron_sat.model import upcycle
 from megatron_sat.model.args import FLAGGED, RESUME_FIELDS, model_args, record
 from megatron_sat.outputs import check_output
 from megatron_sat.parallel.layout import validate
@@ -79,15 +83,7 @@ PLACEHOLDERS = {
     "train_iters": "how many steps to train (or --train-samples)",
     "seq_length": "the training context, at most the model's positions (--max-position-embeddings {positions})",
 }
-# `--arch satformer` on a Transformer (Qwen3, Llama): a SATFormer that computes the Transformer's function, its gate
-# W_alpha zero; with a gate f(0) = 0 that is alpha = 0 and V' = V + 0 V1 = V in every layer. It takes --arch and the
-# SATFormer's own switches (--value-residual-gate, --value-residual-last-k)
-IDENTITY_GATES = ("relu", "tanh", "identity")
 ADAM_STEP = 1e-30
-
-
-def _grown(dest: str) -> bool:
-    return dest == "arch" or dest.startswith("value_residual_")
 
 
 def trainer_args(spec, trainer_argv: List[str]):
@@ -98,19 +94,20 @@ def trainer_args(spec, trainer_argv: List[str]):
               if any(x == opt or x.startswith(opt + "=") for x in trainer_argv)}
     given = {dest for dest, _ in passed}
     args = parser.parse_args(trainer_argv)
-    grow = "arch" in given and args.arch != spec.arch
-    if grow and not (archs.get(spec.arch).plain and archs.get(args.arch).gated):
+    source, grow = spec, "arch" in given and args.arch != spec.arch
+    if grow and not archs.get(spec.arch).plain:
         raise ConversionError(f"--arch {args.arch} on a {spec.arch} model: only a Transformer (Qwen3, Llama) can "
-                              "start another arch (--arch satformer); drop --arch")
-    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and _grown(dest)))
+                              f"start another arch (--arch {' or --arch '.join(archs.UPCYCLE_TARGETS)}); drop --arch")
+    switch = archs.get(args.arch).upcycle_switch  # the new arch's own switches: the command's
+    clash = sorted(opt for dest, opt in passed if dest in SHAPE_FLAGS and not (grow and (dest == "arch" or switch(dest))))
     if clash:
         raise ConversionError("the model's shape comes from the HF config; do not pass " + ", ".join(clash))
-    if grow and args.value_residual_gate not in IDENTITY_GATES:
-        raise ConversionError(f"--value-residual-gate {args.value_residual_gate} is not 0 at 0, so a zero W_alpha "
-                              f"would change the Transformer's function: use one of {', '.join(IDENTITY_GATES)}")
     if grow:
-        spec = dataclasses.replace(spec, arch=args.arch, value_residual_gate=args.value_residual_gate,
-                                   value_residual_last_k=args.value_residual_last_k)
+        spec = dataclasses.replace(spec, arch=args.arch, **{f.name: getattr(args, f.name) for f in dataclasses.fields(spec)
+                                                            if switch(f.name) and hasattr(args, f.name)})
+        errors = archs.upcycle_errors(source.arch, spec, "the HF folder")
+        if errors:
+            raise ConversionError("; ".join(errors))
     if float(spec.rotary_base) != int(spec.rotary_base):
         raise ConversionError(f"rope theta {spec.rotary_base} is not an integer (--rotary-base is)")
     for name in MODEL_FLAGS:  # the model as flags: the trainer builds the rest (ModelArgs' fixed fields) itself
@@ -132,14 +129,15 @@ def trainer_args(spec, trainer_argv: List[str]):
     return args, spec
 
 
-def identity_gates(weights: dict, spec) -> dict:
-    """A Transformer's Megatron weights plus the zero W_alpha [ng, h] of every layer that mixes V1 (`spec`: the
-    SATFormer), checked against the SATFormer's names and shapes."""
+def started(weights: dict, spec, args) -> dict:
+    """A Transformer's Megatron weights plus the own parameters of the arch it starts (`spec`), as the trainer's
+    --pretrained-checkpoint start sets them (model/upcycle.py: the same values at every layout), checked against
+    the arch's names and shapes."""
     like = weights["embedding.word_embeddings.weight"]
-    gates = {f"decoder.layers.{n - 1}.self_attention.value_residual_gate.weight":
-             torch.zeros(spec.num_query_groups, spec.hidden_size, dtype=like.dtype) for n in spec.mixing_layers}
-    weights = dict(weights, **gates)
-    check_shapes(weights, megatron_shapes(spec), f"the {spec.arch} started from the Transformer")
+    shapes = megatron_shapes(spec)
+    own = upcycle.full_starts(archs.get(spec.arch), spec, shapes, weights, args.upcycle_gate_std, args.seed)
+    weights = dict(weights, **{k: v.to(like.dtype) for k, v in own.items()})
+    check_shapes(weights, shapes, f"the {spec.arch} started from the Transformer")
     return weights
 
 
@@ -169,7 +167,7 @@ def import_hf(hf_dir: str, save: str, trainer_argv: Optional[List[str]] = None, 
     weights = hf_to_megatron(state, source)  # checks names and shapes first
     args, spec = trainer_args(source, list(trainer_argv or []))  # spec: source, or the SATFormer it starts
     if spec.arch != source.arch:
-        weights = identity_gates(weights, spec)
+        weights = started(weights, spec, args)
     save = os.path.abspath(save)
     if os.path.exists(os.path.join(save, ckpt.TRACKER)) and not overwrite:
         raise ConversionError(f"{save} already holds a checkpoint (pass --overwrite to replace it)")

@@ -252,6 +252,11 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     g("--pretrained-checkpoint", default=None, metavar="DIR", names_run=True,
       help="when --load has nothing to resume, start from the model weights of DIR's latest checkpoint (fine-"
            "tuning, or an HF import under a new schedule): new optimizer, LR schedule, data order, iteration 0")
+    g("--upcycle-gate-std", type=float, default=1e-4, metavar="STD", names_run=True,
+      help="a SATFormer started from a Transformer's weights (--pretrained-checkpoint of a Transformer run, "
+           "convert-from-hf --arch satformer) draws W_alpha from N(0, STD^2), seeded by --seed and the tensor's name: "
+           "about half the ReLU gate open, within a tiny step of the Transformer's function; 0 is exactly the "
+           "Transformer, whose ReLU gate never opens (no gradient at 0)")
     g("--save-interval", type=int, default=None)
     g("--save-retain-interval", type=int, default=None, metavar="N",
       help="after each save, delete the previous checkpoint unless its iteration is a multiple of N "

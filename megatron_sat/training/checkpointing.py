@@ -32,6 +32,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron_sat.model import upcycle
 from megatron_sat.training import integrity, run_folder
 from megatron_sat.training.run_folder import TRACKER, CheckpointError, checkpoint_dir  # noqa: F401 (re-exported)
 from megatron_sat.training.signals import install_write_results_queue, shielded_async_request
@@ -85,6 +86,20 @@ def load_model(chunks, directory: str) -> None:
     if not dist_checkpointing.check_is_distributed_checkpoint(directory):
         raise FileNotFoundError(f"{directory} is not a Megatron distributed checkpoint")
     _load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), directory))
+    torch.distributed.barrier()
+
+
+def _load_own_less(chunks, directory: str, own: tuple) -> None:
+    """load_model without the parameters named by `own` (model/upcycle.py's load_filter)."""
+    saved = dist_checkpointing.load_tensors_metadata(directory)
+    loaded = dist_checkpointing.load(upcycle.load_filter(model_sharded_state_dict(chunks), own, saved), directory)
+    for i, c in enumerate(chunks):
+        model = unwrap(c)
+        missing, unexpected = model.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=False)
+        left = [k for k in missing if not upcycle.is_own(k, own) and not k.endswith("_extra_state")]
+        if left or unexpected:
+            raise CheckpointError(f"{directory} does not hold this model's weights: missing {left}, "
+                                  f"unexpected {unexpected}")
     torch.distributed.barrier()
 
 
@@ -440,12 +455,17 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, ckpt_step: Optional
     return None if point is None else restore(point, chunks, optimizer, scheduler)
 
 
-def load_weights(point: ResumePoint, chunks) -> str:
+def load_weights(point: ResumePoint, chunks, own: tuple = ()) -> str:
     """Load only the model weights of a checkpoint; returns its folder.
 
-    The caller refreshes the optimizer's main parameters (optimizer.reload_model_params())."""
+    own: name suffixes of parameters the checkpoint lacks (another arch's over a Transformer, Arch.own_fields),
+    left as they are (model/upcycle.py fills them). The caller refreshes the optimizer's main parameters
+    (optimizer.reload_model_params())."""
     try:
-        load_model(chunks, point.directory)
+        if own:
+            _load_own_less(chunks, point.directory, own)
+        else:
+            load_model(chunks, point.directory)
     except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load the weights of {point.directory}: {_reason(e)}") from None
     finally:

@@ -22,12 +22,14 @@ built; also another job holding the run folder, or a --save that cannot be writt
 import os
 import time
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 from typing import NamedTuple, Optional
 
 import torch
 
 from megatron_sat import archs, compat
 from megatron_sat.data.checks import DataError
+from megatron_sat.model import upcycle
 from megatron_sat.model.args import record as model_record
 from megatron_sat.model.flops import flops_per_token, peak_flops_per_device
 from megatron_sat.model.specs import te_available
@@ -194,8 +196,16 @@ def _points_and_data(args, setup: Setup, log):
         return ckpt.find_resume_point(root, step, verify=args.verify_checkpoint, fallback=args.ckpt_fallback, log=log,
                                       reader=reader)
 
-    def check(point, flag):
-        differs = model_differences(point.model_fields(), setup.model_fields) if point else []
+    def check(point, flag, grow=False):
+        saved = point.model_fields() if point else {}
+        source = saved.get("arch", args.arch)
+        if grow and source != args.arch:  # a Transformer's weights start another arch (model/upcycle.py)
+            errors = archs.upcycle_errors(source, SimpleNamespace(**setup.model_fields), f"{flag} {point.directory}")
+            if errors:
+                raise UsageError("; ".join(errors))
+            switch = archs.get(args.arch).upcycle_switch  # the new arch's own switches: the command's
+            saved = {k: v for k, v in saved.items() if k != "arch" and not switch(k)}
+        differs = model_differences(saved, setup.model_fields) if point else []
         if differs:
             raise UsageError(f"{flag} {point.directory} holds another model: {'; '.join(differs)}. Pass the "
                              "checkpoint's model flags (or its recipe), or a new --save to start afresh")
@@ -214,7 +224,7 @@ def _points_and_data(args, setup: Setup, log):
             pretrained = find(args.pretrained_checkpoint, reader="--pretrained-checkpoint load")
             if pretrained is None:
                 raise UsageError(f"--pretrained-checkpoint {args.pretrained_checkpoint} holds no complete checkpoint")
-            check(pretrained, "--pretrained-checkpoint")
+            check(pretrained, "--pretrained-checkpoint", grow=True)
         tokenizer, data = tokenizer_and_data(args, log)
     except (ckpt.CheckpointError, DataError) as err:
         raise UsageError(str(err)) from None
@@ -277,7 +287,7 @@ def build_loop(args, setup: Setup, inputs: Inputs, stop: StopSignal, t_start: fl
         weight_decay=args.weight_decay, clip_grad=args.clip_grad, betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_eps, weight_decay_params=args.weight_decay_params, fp16=fp16_options(args))
     sched = scheduler(optimizer, args, inputs.schedule_mode)
-    iteration, consumed = restore(args, inputs, chunks, optimizer, sched, log)
+    iteration, consumed = restore(args, inputs, chunks, optimizer, sched, log, setup.model_fields)
     train_iter, valid_iters, test_iters = build_iterators(args, tokenizer, data, consumed)
     flops_tok = flops_per_token(config, args.seq_length, vocab_size)
     run_config = dict(vars(args), world_size=setup.world, data_parallel_size=layout.dp(setup.world),
@@ -307,8 +317,9 @@ def build_loop(args, setup: Setup, inputs: Inputs, stop: StopSignal, t_start: fl
     return Loop(loop_settings(args, hang_minutes, group_minutes), setup, parts, stop, t_start, log)
 
 
-def restore(args, inputs: Inputs, chunks, optimizer, sched, log):
-    """(iteration, consumed samples) after loading what --load or --pretrained-checkpoint hold."""
+def restore(args, inputs: Inputs, chunks, optimizer, sched, log, model_fields: Optional[dict] = None):
+    """(iteration, consumed samples) after loading what --load or --pretrained-checkpoint hold (model_fields: the
+    model's, for a start of another arch from a Transformer's weights)."""
     resume, pretrained = inputs.resume, inputs.pretrained
     if resume is not None:
         loaded = ckpt.restore(resume, chunks, optimizer, sched,
@@ -327,10 +338,18 @@ def restore(args, inputs: Inputs, chunks, optimizer, sched, log):
     if args.load and not args.finetune:
         log(f"no checkpoint in {args.load}: starting {'anew' if pretrained else 'from scratch'}")
     if pretrained is not None:
-        directory = ckpt.load_weights(pretrained, chunks)
+        source = pretrained.model_fields().get("arch", args.arch)
+        grown = ""
+        if source != args.arch:  # a Transformer's weights start this arch: its own parameters by its hooks
+            arch, model = archs.get(args.arch), SimpleNamespace(**model_fields)
+            directory = ckpt.load_weights(pretrained, chunks, own=arch.own_fields(model))
+            upcycle.fill([ckpt.unwrap(c) for c in chunks], arch, model, args.upcycle_gate_std, args.seed)
+            grown = f"; a {args.arch} started from its {source}: {upcycle.note(arch, args.upcycle_gate_std)}"
+        else:
+            directory = ckpt.load_weights(pretrained, chunks)
         optimizer.reload_model_params()  # the optimizer's main (fp32) copies were made from the init
         log(f"initialised from the weights of {directory}{' (--finetune)' if args.finetune else ''}: new "
-            "optimizer state, LR schedule, RNG and data order")
+            f"optimizer state, LR schedule, RNG and data order{grown}")
     return 0, 0
 
 

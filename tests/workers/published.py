@@ -62,7 +62,9 @@ def imports(root: str) -> dict:
         with torch.no_grad():
             out[name] = model(tokens()).logits.float()
         import_hf(os.path.join(d, "hf"), os.path.join(d, "T"), IMPORT_FLAGS, log=quiet)
-        import_hf(os.path.join(d, "hf"), os.path.join(d, "S"), IMPORT_FLAGS + ["--arch", "satformer"], log=quiet)
+        # --upcycle-gate-std 0: exactly the Transformer (its first loss is checked to 1e-5)
+        import_hf(os.path.join(d, "hf"), os.path.join(d, "S"),
+                  IMPORT_FLAGS + ["--arch", "satformer", "--upcycle-gate-std", "0"], log=quiet)
         for run, hf in (("T", "HF_T"), ("S", "HF_S")):  # --verify: the Megatron model's logits vs the export's
             out[f"{name}/{run}"] = export_checkpoint(os.path.join(d, run), os.path.join(d, hf), verify=True,
                                                      log=quiet)["max_rel_diff"]
