@@ -8,9 +8,9 @@ export, against transformers' own logits past the original context.
 `run`, in one process: a tiny LlamaForCausalLM (random weights, noisy enough for sharp attention) whose RoPE is
 scaled as Llama 3.1's with original context 32, factor 4, low 1, high 4 (so its rotary frequencies fall in all three
 bands: kept, interpolated, divided), saved by transformers; imported with no training flags (the placeholders) and
-as a SATFormer (`--arch satformer`, zero gate); the trainer's arguments of the import's printed next step (with the
-placeholders chosen) build the trainer's model, which loads the weights, takes 2 steps at 3.5x the original context
-and is saved and exported. The logits compared: Megatron's import and the SATFormer vs transformers, the export vs
+as a SATFormer (`--arch satformer`, `--upcycle-gate-std 0`: a zero gate); the trainer's arguments of the import's
+printed next step (with the placeholders chosen) build the trainer's model, which loads the weights, takes 2 steps
+at 3.5x the original context and is saved and exported. The logits compared: Megatron's import and the SATFormer vs transformers, the export vs
 the trained Megatron model, each at SEQ = 112 positions; and transformers without the scaling, to show the
 comparison sees it; the scaled frequencies at Llama 3.2's values against transformers' own; then the refusals
 (REFUSED, and the tool's exit code). `t4` imports only torch and transformers (transformers 4.x first on sys.path).
@@ -160,8 +160,8 @@ def run(root: str) -> None:
     out.update(import_log=logs, next=info["next"], imported=imported_logits(os.path.join(root, "import")),
                import_config=json.load(open(os.path.join(root, "import", "config.json"))))
     sat = os.path.join(root, "sat")
-    import_hf(os.path.join(root, "hf"), sat, ["--arch", "satformer", "--lr", "3e-5", "--train-iters", "5",
-                                               "--seq-length", str(SEQ)], log=lambda *a: None)
+    import_hf(os.path.join(root, "hf"), sat, ["--arch", "satformer", "--upcycle-gate-std", "0", "--lr", "3e-5",
+                                               "--train-iters", "5", "--seq-length", str(SEQ)], log=lambda *a: None)
     out.update(satformer=imported_logits(sat), sat_config=json.load(open(os.path.join(sat, "config.json"))))
     try:
         export_checkpoint(sat, os.path.join(root, "hf_sat"), no_tokenizer=True, log=lambda *a: None)
