@@ -118,7 +118,7 @@ def trainer_args(spec, trainer_argv: List[str]):
         raise ConversionError(f"this model has {', '.join(fixed)}, which the trainer's models do not have")
     args.rotary_base = int(spec.rotary_base)
     args.untie_embeddings_and_output_weights = not spec.tied
-    if args.seq_length > spec.max_position_embeddings:
+    if "seq_length" in given and args.seq_length > spec.max_position_embeddings:  # not given: a placeholder below
         raise ConversionError(f"--seq-length {args.seq_length} is beyond the model's {spec.max_position_embeddings} "
                               "positions (max_position_embeddings): give at most that")
     args.max_position_embeddings = spec.max_position_embeddings

@@ -10,10 +10,10 @@ scaled as Llama 3.1's with original context 32, factor 4, low 1, high 4 (so its 
 bands: kept, interpolated, divided), saved by transformers; imported with no training flags (the placeholders) and
 as a SATFormer (`--arch satformer`, `--upcycle-gate-std 0`: a zero gate); the trainer's arguments of the import's
 printed next step (with the placeholders chosen) build the trainer's model, which loads the weights, takes 2 steps
-at 3.5x the original context and is saved and exported. The logits compared: Megatron's import and the SATFormer vs transformers, the export vs
-the trained Megatron model, each at SEQ = 112 positions; and transformers without the scaling, to show the
-comparison sees it; the scaled frequencies at Llama 3.2's values against transformers' own; then the refusals
-(REFUSED, and the tool's exit code). `t4` imports only torch and transformers (transformers 4.x first on sys.path).
+at 3.5x the original context and is saved and exported. The logits compared: Megatron's import and the SATFormer
+vs transformers, the export vs the trained Megatron model, each at SEQ = 112 positions; and transformers without
+the scaling, to show the comparison sees it; the scaled frequencies at Llama 3.2's values against transformers' own;
+then the refusals (REFUSED, and the tool's exit code). `t4` imports only torch and transformers (transformers 4.x first on sys.path).
 """
 
 import os
