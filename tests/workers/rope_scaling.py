@@ -13,7 +13,8 @@ printed next step (with the placeholders chosen) build the trainer's model, whic
 at 3.5x the original context and is saved and exported. The logits compared: Megatron's import and the SATFormer
 vs transformers, the export vs the trained Megatron model, each at SEQ = 112 positions; and transformers without
 the scaling, to show the comparison sees it; the scaled frequencies at Llama 3.2's values against transformers' own;
-then the refusals (REFUSED, and the tool's exit code). `t4` imports only torch and transformers (transformers 4.x first on sys.path).
+then the refusals (REFUSED, and the tool's exit code). `t4` imports only torch and transformers (transformers 4.x
+first on sys.path).
 """
 
 import os
