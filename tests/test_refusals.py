@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from megatron_sat.training.argument_checks import megatron_lm_flag_errors, problems
+from megatron_sat.training.argument_checks import megatron_lm_errors, megatron_lm_flag_errors, problems
 from megatron_sat.training.arguments import parse_args
 
 SHAPE = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -208,3 +208,49 @@ def test_a_negative_sample_count_is_one_clear_problem(tmp_path, capsys):
         "default --train-iters)"]
     assert parse_args([*base, "--lr-warmup-iters", "1"]).lr_warmup_iters == 1
     assert not (tmp_path / "r").exists()
+
+
+# The same for the other Megatron-LM checks (argument_checks.megatron_lm_errors): tokenizer types, checkpoint format,
+# --finetune, --recompute-method, --train-samples; on TINY (--mock-data) with --save R.
+USE_HF = "--tokenizer-model DIR (a Hugging Face tokenizer folder, tokenizer.json or hub name)"
+OTHER_EDGES = [
+    ("tokenizer type", dict(tokenizer_type="NullTokenizer"), dict(tokenizer_type="GPT2BPETokenizer"),
+     "--tokenizer-type GPT2BPETokenizer is not read here: use --tokenizer-type HuggingFaceTokenizer " + USE_HF),
+    ("null tokenizer", dict(tokenizer_type="NullTokenizer", mock_data=True),
+     dict(tokenizer_type="NullTokenizer", mock_data=False),
+     "--tokenizer-type NullTokenizer goes with --mock-data --vocab-size N; for a dataset use --tokenizer-type "
+     "HuggingFaceTokenizer --tokenizer-model DIR"),
+    ("hf tokenizer", dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="tok"),
+     dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=None),
+     "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a tokenizer folder, tokenizer.json or hub "
+     "name)"),
+    ("checkpoint format", dict(ckpt_format="torch_dist"), dict(ckpt_format="torch"),
+     "--ckpt-format torch is not supported: checkpoints here are torch_dist (Megatron-Core dist checkpointing); "
+     "drop the flag or pass --ckpt-format torch_dist"),
+    ("finetune load", dict(finetune=True, load="{tmp}/other"), dict(finetune=True, load=None),
+     "--finetune needs --load (the checkpoint whose weights to start from)"),
+    ("finetune own folder", dict(finetune=True, load="{tmp}/other"), dict(finetune=True, load="{tmp}/r/../r"),
+     "--finetune --load {tmp}/r/../r would write over the run it reads: pass a new --save folder (or "
+     "--pretrained-checkpoint DIR --load NEW --save NEW, which a requeued job resumes)"),
+    ("finetune or pretrained", dict(finetune=False, pretrained_checkpoint="{tmp}/p"),
+     dict(finetune=True, load="{tmp}/other", pretrained_checkpoint="{tmp}/p"),
+     "give --finetune --load DIR or --pretrained-checkpoint DIR, not both"),
+    ("recompute method", dict(recompute_method="uniform", recompute_granularity="full"),
+     dict(recompute_method="uniform", recompute_granularity="selective"),
+     "--recompute-method needs --recompute-granularity full (selective recompute has no method)"),
+    ("train samples", dict(train_samples=1), dict(train_samples=0), "--train-samples must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("name, accepted, refused_with, line", OTHER_EDGES, ids=[row[0] for row in OTHER_EDGES])
+def test_megatron_lm_checks_at_their_edges(tmp_path, name, accepted, refused_with, line):
+    """Each of megatron_lm_errors' checks from both sides, the refusal exactly its line and alone."""
+    base = parse_args([*TINY, "--save", str(tmp_path / "r")])
+    assert megatron_lm_errors(base) == []
+
+    def at(values):
+        values = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in values.items()}
+        return argparse.Namespace(**dict(vars(base), **values))
+
+    assert megatron_lm_errors(at(accepted)) == [], accepted
+    assert megatron_lm_errors(at(refused_with)) == [line.format(tmp=tmp_path)]
