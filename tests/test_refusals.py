@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from megatron_sat.training.argument_checks import megatron_lm_errors, megatron_lm_flag_errors, problems
+from megatron_sat.training.argument_checks import (argument_errors, megatron_lm_errors, megatron_lm_flag_errors,
+                                                    problems, validate_args)
 from megatron_sat.training.arguments import parse_args
 
 SHAPE = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -254,3 +255,15 @@ def test_megatron_lm_checks_at_their_edges(tmp_path, name, accepted, refused_wit
 
     assert megatron_lm_errors(at(accepted)) == [], accepted
     assert megatron_lm_errors(at(refused_with)) == [line.format(tmp=tmp_path)]
+
+
+def test_the_world_size_and_the_inputs_are_checked_by_default(tmp_path):
+    """argument_errors checks the world size against TP x PP x CP when it is given (2 ranks at TP2 fit, 3 do not), and
+    validate_args checks the inputs (a data source) by default."""
+    args = argparse.Namespace(**dict(vars(parse_args([*TINY, "--save", str(tmp_path / "r")])),
+                                     tensor_model_parallel_size=2))
+    assert argument_errors(args, 2) == []
+    assert argument_errors(args, 3) == ["world size 3 is not divisible by TP x PP x CP = 2 x 1 x 1"]
+    validate_args(args, 2)
+    with pytest.raises(ValueError, match="give exactly one data source"):
+        validate_args(argparse.Namespace(**dict(vars(args), mock_data=False)), 2)
