@@ -10,8 +10,13 @@ import os
 
 import pytest
 
-from megatron_sat.training.argument_checks import (argument_errors, megatron_lm_errors, megatron_lm_flag_errors,
-                                                    problems, validate_args)
+from megatron_sat.training.argument_checks import (
+    argument_errors,
+    megatron_lm_errors,
+    megatron_lm_flag_errors,
+    problems,
+    validate_args,
+)
 from megatron_sat.training.arguments import parse_args
 
 SHAPE = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
