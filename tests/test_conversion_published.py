@@ -71,6 +71,8 @@ def test_import_round_trip_is_identical_and_logits_equal_transformers(built, nam
     assert (cfg["head_dim"], cfg["num_key_value_heads"], cfg["tie_word_embeddings"], cfg["rope_theta"],
             cfg["rms_norm_eps"]) == (16, 2, False, 500000.0, 1e-6 if name == "qwen3" else 1e-5)
     assert built["reference"][f"{name}/T"] <= REL  # the imported Megatron model vs the export, in transformers
+    # the import's recorded flag, which the trainer builds from (the weights alone round-trip with it inverted)
+    assert json.load(open(os.path.join(d, "T", "config.json")))["untie_embeddings_and_output_weights"] is True
     assert _rel(_logits(os.path.join(d, "HF_T")), built["reference"][name]) <= REL
 
 

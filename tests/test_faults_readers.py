@@ -4,7 +4,8 @@
   marks: a live reader's mark keeps a checkpoint; a dead reader's (its pid gone) and another host's old one expire
   race:  10 exports (two at a time) of the run folder while a run saves every 2 steps with --save-retain-interval
          1000 (each save deletes the previous): every export exits 0 with a complete folder or 2 with one line,
-         none a traceback; the run keeps training and ends with exit 0; at least one checkpoint was kept for a reader
+         none a traceback; the run keeps training and ends with exit 0; at least one checkpoint was kept for a reader,
+         and every kept one is deleted at a later save
 """
 
 import json
@@ -56,6 +57,16 @@ def test_reader_marks_keep_a_checkpoint_and_stale_ones_expire(tmp_path):
     assert os.listdir(folder) == []  # the reader's own folder stays (it made it); its mark is gone
 
 
+def _kept_not_yet_deleted(log: str):
+    """(the checkpoints the run kept for a reader, those of them not deleted after their last keeping)."""
+    lines = log.splitlines()
+    kept = {line.split("kept checkpoint ")[1].split(" for now")[0]: i for i, line in enumerate(lines)
+            if "kept checkpoint " in line}
+    deleted = {line.split("deleted checkpoint ")[1].split(" (")[0]: i for i, line in enumerate(lines)
+               if "deleted checkpoint " in line}
+    return sorted(kept), [p for p, i in kept.items() if deleted.get(p, -1) < i]
+
+
 @pytest.mark.slow
 def test_exports_racing_retention_never_fail_with_a_traceback(tmp_path):
     run = tmp_path / "run"
@@ -78,6 +89,9 @@ def test_exports_racing_retention_never_fail_with_a_traceback(tmp_path):
                     results.append((out, p.returncode, so + se))
         assert proc.poll() is None, "the run stopped during the exports"
         steps_during = len(rows(run)) - steps_before
+        # every checkpoint kept for a reader is deleted at a later save, once the reader let it go
+        wait_for(lambda: not _kept_not_yet_deleted(open(tmp_path / "train.log").read())[1], proc,
+                 "the deletion of the checkpoints kept for the readers")
         os.killpg(proc.pid, signal.SIGTERM)
         rc = proc.wait(timeout=300)
     finally:
@@ -98,5 +112,7 @@ def test_exports_racing_retention_never_fail_with_a_traceback(tmp_path):
     assert ok >= 8, [(code, text[-300:]) for _, code, text in results if code]
     assert "kept checkpoint" in log and "read by convert_to_hf.py" in log, "no export was ever held"
     assert "deleted checkpoint" in log
+    kept, _ = _kept_not_yet_deleted(log)
+    assert kept and not [p for p in kept if os.path.exists(p)], kept  # held ones were kept, then deleted
     marks = os.listdir(run / run_folder.READERS) if (run / run_folder.READERS).exists() else []
     assert not [n for n in marks if n.endswith(".json")], f"a reader mark was left: {marks}"

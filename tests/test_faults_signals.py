@@ -529,12 +529,25 @@ def _signal_all(procs, sig):
             pass
 
 
+def _save_running_for(run, iteration: int) -> float:
+    """Seconds since rank 0 began the save of `iteration`, from its heartbeat (RUN/.watchdog/rank_0.json); -1 while
+    its last heartbeat is elsewhere."""
+    try:
+        beat = json.loads((run / ".watchdog" / "rank_0.json").read_text())
+    except (OSError, ValueError):
+        return -1.0
+    return time.time() - beat["progress_at"] if beat.get("where") == f"save of iteration {iteration}" else -1.0
+
+
 def test_a_suspended_job_carries_on_and_a_rank_left_stopped_is_still_named(tmp_path):
     """The whole DP2 job (launcher and ranks) SIGSTOPped for 2x the hang timeout, then SIGCONT: no exit, one
-    line naming the suspension and its length, and losses exactly those of an unsuspended run. Then a second
-    suspension after which rank 1 stays stopped (a hang that starts in a suspension window): named and exit 75
-    within the timeout plus the margin of the stopped-rank test, counted from the others' SIGCONT."""
+    line naming the suspension and its length, and losses exactly those of an unsuspended run. Then a suspension
+    of 0.8x the timeout 5 s into a slow save (8 s, --debug-save-delay): together longer than the timeout, each alone
+    shorter, so only a watchdog that counted a suspension shorter than the timeout as lost progress would fire.
+    Then a third suspension after which rank 1 stays stopped (a hang that starts in a suspension window): named and
+    exit 75 within the timeout plus the margin of the stopped-rank test, counted from the others' SIGCONT."""
     timeout_s = 60 * HANG_TIMEOUT_MIN
+    save_delay_s = 8
     flags = ["--train-iters", "16", "--save-interval", "8", "--hang-timeout-minutes", HANG_TIMEOUT_MIN,
              "--distributed-timeout-minutes", "5"]
     reference = tmp_path / "reference"
@@ -543,7 +556,7 @@ def test_a_suspended_job_carries_on_and_a_rank_left_stopped_is_still_named(tmp_p
     want = {r["step"]: r["loss"] for r in rows(reference) if "loss" in r}
 
     run = tmp_path / "run"
-    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags)
+    proc = _launch("megatron_sat.torchrun", 2, run, tmp_path / "a.log", *flags, "--debug-save-delay", save_delay_s)
     ranks = {}
     try:
         wait_for(lambda: _steps(run) >= 3, proc, "step 3")
@@ -555,6 +568,15 @@ def test_a_suspended_job_carries_on_and_a_rank_left_stopped_is_still_named(tmp_p
         t_cont = time.time()
         wait_for(lambda: "was suspended for" in _log(tmp_path / "a.log") and _steps(run) >= 6, proc,
                  "the suspension's line and step 6")
+        assert proc.poll() is None
+
+        # 5 s into the slow save (its heartbeat: the log's line of it may reach the file only later), stopped for
+        # 0.8 x the timeout: 17 s without progress, of which 5 s (and what is left of the save) count
+        wait_for(lambda: _save_running_for(run, 8) >= 5, proc, "5 s of the slow save at 8")
+        _signal_all(job, signal.SIGSTOP)
+        time.sleep(0.8 * timeout_s)  # shorter than the timeout, after the save's first 5 s
+        _signal_all(job, signal.SIGCONT)
+        wait_for(lambda: _steps(run) >= 10, proc, "step 10, after the slow save")
         assert proc.poll() is None
 
         _signal_all(job, signal.SIGSTOP)
@@ -574,6 +596,8 @@ def test_a_suspended_job_carries_on_and_a_rank_left_stopped_is_still_named(tmp_p
     assert lines, log[-4000:]
     gone = float(lines[0].split("was suspended for ")[1].split(" s")[0])
     assert 2 * timeout_s - 5 <= gone <= 2 * timeout_s + 30, lines[0]  # the length measured, load allowing
+    in_save = [float(line.split("was suspended for ")[1].split(" s")[0]) for line in lines[1:]]
+    assert any(0.8 * timeout_s - 5 <= g <= 0.8 * timeout_s + 30 for g in in_save), lines  # the one in the save
     assert rc == 75 and "rank 1 stopped responding" in log, log[-4000:]
     assert took < timeout_s + 20, f"the rank left stopped was named {took:.0f} s after the others continued"
     got = {r["step"]: r["loss"] for r in rows(run) if "loss" in r}

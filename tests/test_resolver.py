@@ -190,6 +190,36 @@ def test_the_resolver_says_where_each_value_came_from(files):
     assert (alone.sources["num_layers"], alone.sources["hidden_size"], alone.recipe) == ("config", "flag", {})
 
 
+def test_a_null_in_a_config_file_is_not_given(tmp_path, files, capsys, monkeypatch):
+    """A config file's null is "not given" (as if the key were absent): under a recipe the recipe's value stands
+    (not None, which crashed later with a TypeError), a flag still overrides it, and without a recipe a required
+    shape flag set to null is missing, refused in one line like an absent one. Its non-null neighbour is given."""
+    from megatron_sat.training.arguments import resolve_layers
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nulls.yaml").write_text("hidden-size: null\nlr: null\nnorm-epsilon: null\ntrain-iters: 30\n")
+    r = resolve_layers(RECIPE, ["--config", str(tmp_path / "nulls.yaml")])
+    recipe = recipe_args(RECIPE)
+    assert (r.args.hidden_size, r.args.lr, r.args.layernorm_epsilon, r.args.train_iters) == \
+        (recipe.hidden_size, recipe.lr, recipe.layernorm_epsilon, 30)
+    assert (r.sources["hidden_size"], r.sources["lr"], r.sources["train_iters"]) == ("recipe", "recipe", "config")
+    assert r.config == {"train_iters": 30}
+    flagged = resolve_layers(RECIPE, ["--config", str(tmp_path / "nulls.yaml"), "--hidden-size", "128"])
+    assert (flagged.args.hidden_size, flagged.sources["hidden_size"]) == (128, "flag")
+    printed, trained = _trainer(["--recipe", RECIPE, "--config", str(tmp_path / "nulls.yaml")], capsys)
+    assert (printed["hidden_size"], trained.hidden_size, trained.lr) == (recipe.hidden_size, recipe.hidden_size,
+                                                                         recipe.lr)
+
+    (tmp_path / "alone_null.yaml").write_text(open(files["alone"]).read().replace("hidden-size: 64",
+                                                                                   "hidden-size: null"))
+    with pytest.raises(ValueError, match="missing --hidden-size"):
+        resolve(None, ["--config", str(tmp_path / "alone_null.yaml")])
+    assert resolve(None, ["--config", files["alone"]])[0].hidden_size == 64  # given: accepted
+    (tmp_path / "typo_null.yaml").write_text("hiden-size: null\n")  # an unknown key is unknown, null or not
+    with pytest.raises(ValueError, match="unknown argument"):
+        resolve(RECIPE, ["--config", str(tmp_path / "typo_null.yaml")])
+
+
 def test_scale_label_reads_the_recorded_sources(tmp_path, monkeypatch):
     """monitor.scale_name names a run by what its config.json recorded of the resolution (arguments.Resolution.record:
     "sources" and "recipe_values"), not by the recipe as this checkout defines it: a recipe whose shape changed

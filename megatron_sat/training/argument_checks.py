@@ -91,9 +91,13 @@ def argument_errors(args: argparse.Namespace, world_size: Optional[int], *, inpu
         errors.append("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler exclude each other: "
                       "pass one (the command's LR schedule, or the checkpoint's)")
     decay = args.lr_decay_iters or args.train_iters
-    if not 0 <= args.lr_warmup_iters < decay:
-        errors.append(f"--lr-warmup-iters {args.lr_warmup_iters} must be below the decay length {decay} "
-                      "(--lr-decay-iters, default --train-iters)")
+    negative = [f for f in ("lr_warmup_samples", "lr_decay_samples") if (getattr(args, f, None) or 0) < 0]
+    if not negative and not 0 <= args.lr_warmup_iters < decay:  # a negative sample count has its own line
+        given = (f"--lr-warmup-samples {args.lr_warmup_samples} ({args.lr_warmup_iters:g} steps of "
+                 f"{args.global_batch_size} samples)" if args.lr_warmup_samples is not None
+                 else f"--lr-warmup-iters {args.lr_warmup_iters}")
+        errors.append(f"{given} must be >= 0 and below the decay length {decay:g} steps (--lr-decay-iters or "
+                      "--lr-decay-samples, default --train-iters)")
     if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction < 1:
         errors.append(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1) (a fraction of the decay "
                       "length)")
@@ -301,7 +305,7 @@ def megatron_lm_flag_errors(args: argparse.Namespace) -> List[str]:
                    f"{args.profile_step_end}, so nothing would be; give a range within 1..{args.train_iters}")
     for flag in ("lr_warmup_samples", "lr_decay_samples"):
         if getattr(args, flag) is not None and getattr(args, flag) < 0:
-            out.append(f"--{flag.replace('_', '-')} must be >= 0")
+            out.append(f"--{flag.replace('_', '-')} must be >= 0 (got {getattr(args, flag)})")
     return out
 
 

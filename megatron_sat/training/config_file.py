@@ -9,8 +9,8 @@ choose (--lr, --train-iters, --seq-length, unless given to it) as "placeholders"
 on its command line (placeholder_errors).
 
 The values go through the flag's own argparse type and choices (argparse and PyYAML do the work; the
-only code here maps a file's keys onto the parser's actions). Precedence, resolved in arguments.py:
-recipe < config file < command line. Nothing here imports megatron.
+only code here maps a file's keys onto the parser's actions). A null is "not given", as if the key were absent.
+Precedence, resolved in arguments.py: recipe < config file < command line. Nothing here imports megatron.
 """
 
 import argparse
@@ -56,11 +56,11 @@ def read_config(path: str, parser: argparse.ArgumentParser) -> dict:
     for key, value in data.items():
         dest = str(key).lstrip("-").replace("-", "_")
         if dest not in actions and dest in spelled:
-            if value is None:  # a record from before the flag set a model field (norm_epsilon: null): unset
-                continue
             dest = spelled[dest]
         if dest not in actions:
             unknown.append(str(key))
+            continue
+        if value is None:  # null is "not given": the recipe's value (or the default) stands, as without the key
             continue
         out[dest] = coerce(actions[dest], value, path)
     if unknown:
