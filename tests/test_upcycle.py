@@ -1,5 +1,6 @@
-"""A SATFormer started from a Transformer's weights (model/upcycle.py): at the Transformer's function, and its gate
-learns. Four trainer launches of the debug recipes (mock data, seed 1234, a first step at lr 0 from the warmup):
+"""A SATFormer and a ResFormer started from a Transformer's weights (model/upcycle.py): at the Transformer's
+function, and the gate (the lambdas) learns. Five trainer launches of the debug recipes (mock data, seed 1234, a
+first step at lr 0 from the warmup):
 
   T   debug_transformer, 2 steps                                      the Transformer; validation loss after step 2
   S0  debug_satformer --pretrained-checkpoint T --upcycle-gate-std 0  W_alpha = 0: exactly T (validation loss after
@@ -8,6 +9,8 @@ learns. Four trainer launches of the debug recipes (mock data, seed 1234, a firs
   S   debug_satformer --pretrained-checkpoint T (std 1e-4)            next to T (stated tolerance); about half the gate
                                                                       open; W_alpha moves (the gate's mean grows
                                                                       many times in one step)
+  R   debug_resformer --pretrained-checkpoint T                       lambda1 = 0, lambda2 = 1: exactly T; after two
+                                                                      updates its exported lambdas have left 0 and 1
   I   debug_satformer --pretrained-checkpoint IMPORT at TP2 (the fused gate's rows split over 2 ranks), where IMPORT
       is T exported to HF and imported with --arch satformer (tests/workers/upcycle.py): the same start as S, drawn
       the same at another layout (its losses are S's); S0, S and this route run side by side
@@ -20,6 +23,7 @@ import subprocess
 import sys
 
 import pytest
+import safetensors.torch
 from train_cli import ROOT, cmd, env, metrics
 
 from megatron_sat import archs
@@ -30,6 +34,7 @@ pytestmark = pytest.mark.slow  # trainer runs
 
 COMMON = ["--log-interval", "1", "--no-progress-bar", "--seed", "1234", "--lr-warmup-iters", "1"]
 SAT = ["--recipe", "debug_satformer", *COMMON, "--train-iters", "3", "--eval-interval", "1"]
+RES = ["--recipe", "debug_resformer", *SAT[2:], "--resformer-lambdas", "learned"]
 # how far std 1e-4 starts from the Transformer: the validation loss after the lr-0 step (measured: 2.7e-7 relative;
 # docs/training.md states < 1e-5)
 START_REL = 1e-5
@@ -55,14 +60,18 @@ def runs(tmp_path_factory):
     logs = {}  # S0, S and the HF route (export, import, I) side by side
     procs = {"S0": start(cmd(1, [*SAT, "--pretrained-checkpoint", tmp / "T", "--upcycle-gate-std", "0",
                                  "--save", tmp / "S0"])),
-             "S": start(cmd(1, [*SAT, "--pretrained-checkpoint", tmp / "T", "--save", tmp / "S"]))}
+             "S": start(cmd(1, [*SAT, "--pretrained-checkpoint", tmp / "T", "--save", tmp / "S"])),
+             "R": start(cmd(1, [*RES, "--pretrained-checkpoint", tmp / "T", "--save", tmp / "R"]))}
     wait("hf", start([sys.executable, os.path.join(ROOT, "tests", "workers", "upcycle.py"), tmp / "T", tmp / "HF",
                       tmp / "IMPORT", "--arch", "satformer", "--seed", "1234"]))
     procs["I"] = start(cmd(2, [*SAT, "--pretrained-checkpoint", tmp / "IMPORT", "--save", tmp / "I",
                                "--tensor-model-parallel-size", "2"]))
     for name, proc in procs.items():
         wait(name, proc)
-    return {name: metrics(tmp / name) for name in ("T", "S0", "S", "I")} | {"logs": logs}
+    wait("R export", start([sys.executable, os.path.join(ROOT, "tests", "workers", "upcycle.py"), tmp / "R",
+                            tmp / "HF_R"]))
+    lambdas = safetensors.torch.load_file(tmp / "HF_R" / "model.safetensors")
+    return {name: metrics(tmp / name) for name in ("T", "S0", "S", "I", "R")} | {"logs": logs, "R lambdas": lambdas}
 
 
 def test_std_0_is_exactly_the_transformer_and_its_gate_never_opens(runs):
@@ -124,3 +133,15 @@ def test_refusals_name_what_to_do():
     [line] = archs.upcycle_errors("transformer", model("resformer", resformer_lambdas="fixed"))
     assert "use --resformer-lambdas learned" in line
     assert archs.UPCYCLE_TARGETS == ("resformer", "satformer")
+
+
+def test_resformer_starts_exactly_at_the_transformer_and_its_lambdas_learn(runs):
+    """lambda1 = scale softmax(logits) with the scale 0, lambda2 = 1: the Transformer's validation loss bit for bit
+    after the lr-0 step; two updates later (read from R's HF export) the scale has left 0 and lambda2 has left 1."""
+    (_, t_val), (r, r_val), lam = runs["T"], runs["R"], runs["R lambdas"]
+    assert r[1]["lr"] == 0.0 and r_val[1] == t_val[2]
+    assert r_val[3] != t_val[2]
+    scale = lam["model.lambda_manager.lambda_scale"].float()
+    lambda2 = [v.float() for k, v in lam.items() if k.endswith("value_residual_mixing.lambda2")]
+    assert lambda2 and scale.abs().max() > 0, scale
+    assert all((v - 1).abs().max() > 0 for v in lambda2), lambda2
