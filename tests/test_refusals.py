@@ -11,6 +11,7 @@ import os
 import pytest
 
 from megatron_sat.training.argument_checks import (
+    GPT2_TO_TOKENIZER_JSON,
     argument_errors,
     megatron_lm_errors,
     megatron_lm_flag_errors,
@@ -160,10 +161,9 @@ FLAG_EDGES = [
     ("decoupled min lr", dict(decoupled_min_lr=1e-5, decoupled_lr=1e-4), dict(decoupled_min_lr=0.0),
      "--decoupled-min-lr needs --decoupled-lr"),
     ("merge file", dict(merge_file=None, vocab_file=None), dict(merge_file="merges.txt"),
-     "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here: save them as a Hugging Face tokenizer, "
-     "python -c \"from transformers import GPT2TokenizerFast as T; T(vocab_file='VOCAB', merges_file='MERGES')"
-     ".save_pretrained('DIR')\", and pass --tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR (the data must "
-     "have been made with that tokenizer)"),
+     "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here: save them as one tokenizers file, "
+     f"{GPT2_TO_TOKENIZER_JSON}, and pass --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json "
+     "(the data must have been made with that tokenizer)"),  # the one-liner is run as typed: test_docs_commands
     ("decoupled lr", dict(decoupled_lr=1e-4, weight_decay_params="matrices"),
      dict(decoupled_lr=1e-4, weight_decay_params="all"),
      "--decoupled-lr goes with --weight-decay-params matrices (Megatron-Core's parameter groups); drop one of them"),
