@@ -68,12 +68,19 @@ def unwrap(chunk):
     return chunk
 
 
-def _load_model_state(chunks, loaded: dict) -> None:
-    if len(chunks) == 1:
-        unwrap(chunks[0]).load_state_dict(loaded["model"])
-    else:
-        for i, c in enumerate(chunks):
-            unwrap(c).load_state_dict(loaded[f"model{i}"])
+def _load_model_state(chunks, loaded: dict, own: tuple = (), directory: str = "") -> None:
+    """Each chunk's weights from `loaded`; strict, except for the parameters named by `own` (another arch's over a
+    Transformer, left for model/upcycle.py to fill) and their extra state."""
+    for i, c in enumerate(chunks):
+        state = loaded["model" if len(chunks) == 1 else f"model{i}"]
+        if not own:
+            unwrap(c).load_state_dict(state)
+            continue
+        missing, unexpected = unwrap(c).load_state_dict(state, strict=False)
+        left = [k for k in missing if not upcycle.is_own(k, own) and not k.endswith("_extra_state")]
+        if left or unexpected:
+            raise CheckpointError(f"{directory} does not hold this model's weights: missing {left}, "
+                                  f"unexpected {unexpected}")
 
 
 def save_model(chunks, directory: str) -> None:
@@ -82,24 +89,14 @@ def save_model(chunks, directory: str) -> None:
     dist_checkpointing.save(model_sharded_state_dict(chunks), directory)
 
 
-def load_model(chunks, directory: str) -> None:
+def load_model(chunks, directory: str, own: tuple = ()) -> None:
+    """The model weights of `directory`; own: parameters the checkpoint lacks (model/upcycle.py's load_filter)."""
     if not dist_checkpointing.check_is_distributed_checkpoint(directory):
         raise FileNotFoundError(f"{directory} is not a Megatron distributed checkpoint")
-    _load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), directory))
-    torch.distributed.barrier()
-
-
-def _load_own_less(chunks, directory: str, own: tuple) -> None:
-    """load_model without the parameters named by `own` (model/upcycle.py's load_filter)."""
-    saved = dist_checkpointing.load_tensors_metadata(directory)
-    loaded = dist_checkpointing.load(upcycle.load_filter(model_sharded_state_dict(chunks), own, saved), directory)
-    for i, c in enumerate(chunks):
-        model = unwrap(c)
-        missing, unexpected = model.load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"], strict=False)
-        left = [k for k in missing if not upcycle.is_own(k, own) and not k.endswith("_extra_state")]
-        if left or unexpected:
-            raise CheckpointError(f"{directory} does not hold this model's weights: missing {left}, "
-                                  f"unexpected {unexpected}")
+    sharded = model_sharded_state_dict(chunks)
+    if own:
+        sharded = upcycle.load_filter(sharded, own, dist_checkpointing.load_tensors_metadata(directory))
+    _load_model_state(chunks, dist_checkpointing.load(sharded, directory), own, directory)
     torch.distributed.barrier()
 
 
@@ -462,10 +459,7 @@ def load_weights(point: ResumePoint, chunks, own: tuple = ()) -> str:
     left as they are (model/upcycle.py fills them). The caller refreshes the optimizer's main parameters
     (optimizer.reload_model_params())."""
     try:
-        if own:
-            _load_own_less(chunks, point.directory, own)
-        else:
-            load_model(chunks, point.directory)
+        load_model(chunks, point.directory, own)
     except _WRITE_ERRORS as e:
         raise CheckpointError(f"cannot load the weights of {point.directory}: {_reason(e)}") from None
     finally:
