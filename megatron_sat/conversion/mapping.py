@@ -75,8 +75,9 @@ class ModelSpec(ModelArgs):
         if self.num_attention_heads % self.num_query_groups:
             raise ConversionError(f"{self.num_attention_heads} attention heads are not a multiple of "
                                   f"{self.num_query_groups} KV heads")
-        if rope_scaling_errors(self):
-            raise ConversionError("RoPE scaling: " + "; ".join(rope_scaling_errors(self)))
+        rope_errors = rope_scaling_errors(self)
+        if rope_errors:
+            raise ConversionError("RoPE scaling: " + "; ".join(rope_errors))
 
     def to_dict(self) -> dict:
         return asdict(self)
