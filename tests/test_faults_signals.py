@@ -363,7 +363,9 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
     """docs/status.md: a stopped rank is named "within the timeout (15 s + one heartbeat)": the watchdog fires no
     sooner than the timeout after the last progress and no later than one heartbeat (timeout / 10) after it. Timed
     at a 3 s timeout on two bare watchdog processes (tests/workers/watchdog_rank.py): rank 0 stops making
-    progress as rank 1 is SIGSTOPped."""
+    progress as rank 1 is SIGSTOPped. One heartbeat late, whatever the load: the watchdog's look before the one that
+    fired (its heartbeat's time, seen by polling it) was still within the timeout (broken by hand: a watchdog firing
+    at 0.9 T, at T + 1 and at T + 2 heartbeats each fails)."""
     from megatron_sat.training.watchdog import Watchdog
 
     assert Watchdog(str(tmp_path), 0, 2, 60 * HANG_TIMEOUT_MIN).interval_s == 1.5  # the 15 s test's heartbeat
@@ -381,6 +383,13 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
         os.kill(procs[1].pid, signal.SIGSTOP)
         (run / "stop").touch()
         t_stop = time.time()
+        looks = set()  # rank 0's watchdog writes its heartbeat at each look: the times of its looks, as seen
+        while procs[0].poll() is None and time.time() < t_stop + 120:
+            try:
+                looks.add(json.loads((run / ".watchdog" / "rank_0.json").read_text())["written_at"])
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.005)
         out, _ = procs[0].communicate(timeout=120)
         took = time.time() - t_stop
     finally:
@@ -390,7 +399,9 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
             p.wait()
     assert procs[0].returncode == 75, out[-3000:]
     assert "rank 1 stopped responding" in out and "rank 1 (" in out and "NOT RESPONDING" in out, out[-3000:]
-    progress_at = json.loads((run / ".watchdog" / "rank_0.json").read_text())["progress_at"]  # rank 0's last beat
+    last_beat = json.loads((run / ".watchdog" / "rank_0.json").read_text())  # written at the look that fired
+    progress_at = last_beat["progress_at"]  # rank 0's last beat
+    looks.add(last_beat["written_at"])
     fired = json.loads((run / ".watchdog" / "hang.json").read_text())
     detected = fired["time"] - progress_at
     print(f"named after {detected:.2f} s without progress (timeout {timeout} s, heartbeat {heartbeat} s); "
@@ -399,6 +410,12 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
     # 0.25 s for the watchdog thread's wake-up on a loaded machine (less than one more heartbeat: a watchdog that
     # waited two heartbeats past the timeout fails); the exit after the report (it imports torch) is not timed
     assert timeout < detected <= timeout + heartbeat + 0.25, detected
+    # it fired at its first look past the timeout: the look before was within it. Free of the machine's load (a
+    # look missed by this poll only moves the one seen earlier); a watchdog that waited a heartbeat more had, at
+    # the look before, already seen more than the timeout without progress
+    looks = sorted(looks)
+    assert looks[-1] == fired["time"] and len(looks) >= 2, looks[-3:]
+    assert looks[-2] - progress_at <= timeout, (looks[-2] - progress_at, detected)
 
 
 def test_the_watchdog_fires_before_a_collective_times_out_whichever_timeout_is_given():
