@@ -331,13 +331,15 @@ HANG_TIMEOUT_MIN = 0.25  # 15 s without progress
 
 
 def test_watchdog_heartbeat_period_off_switch_and_flag_bounds(tmp_path, capsys, monkeypatch):
-    """docs/reliability_signals.md: the heartbeat is written every T/10, at most 5 s; --hang-timeout-minutes 0 turns
+    """docs/reliability_signals.md: the heartbeat is written every T/10, at least 0.2 s and at most 5 s (both edges
+    one step either side); --hang-timeout-minutes 0 turns
     the watchdog off (>= 0 accepted, below refused); --distributed-timeout-minutes must be > 0; the flight recorder
     keeps 64 collectives (TORCH_FR_BUFFER_SIZE=64) unless that is set."""
     from megatron_sat.training.arguments import parse_args
     from megatron_sat.training.watchdog import FOLDER, Watchdog, enable_flight_recorder
 
-    for timeout_s, period in ((15, 1.5), (49, 4.9), (50, 5.0), (51, 5.0), (600, 5.0)):
+    for timeout_s, period in ((0.5, 0.2), (1.9, 0.2), (2, 0.2), (2.1, 0.21), (15, 1.5), (49, 4.9), (50, 5.0),
+                              (51, 5.0), (600, 5.0)):
         assert Watchdog(str(tmp_path), 0, 1, timeout_s).interval_s == pytest.approx(period), timeout_s
     off = Watchdog(str(tmp_path / "off"), 0, 1, 0).start()
     off.beat("step 1")
@@ -421,7 +423,8 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
 def test_the_watchdog_fires_before_a_collective_times_out_whichever_timeout_is_given():
     """docs/reliability_signals.md, "one outcome": neither timeout given -> T 10, M 30; M given -> T = 0.8 M; T given
     -> M = max(30, T / 0.8); both given -> as given. With the defaults the watchdog fires (T plus one heartbeat,
-    at most 0.88 M) before a collective that began after the last progress times out (M)."""
+    at most 0.88 M) before a collective that began after the last progress times out (M); 0.88 M exactly at M 2.5 s
+    and below (T 2 s, the heartbeat's 0.2 s floor), past it below."""
     from megatron_sat.training.watchdog import Watchdog, timeouts
 
     assert timeouts(None, None) == (10.0, 30.0)
@@ -429,11 +432,13 @@ def test_the_watchdog_fires_before_a_collective_times_out_whichever_timeout_is_g
     assert timeouts(0.25, None) == (0.25, 30.0) and timeouts(40.0, None) == (40.0, 50.0)
     assert timeouts(24.0, None) == (24.0, 30.0) and timeouts(24.1, None)[1] == pytest.approx(30.125)
     assert timeouts(7.0, 5.0) == (7.0, 5.0) and timeouts(0, None) == (0, 30.0) and timeouts(0, 2.0) == (0, 2.0)
-    for hang, group in ((None, None), (None, 0.1), (None, 0.25), (None, 5.0), (None, 600.0), (0.1, None),
-                        (40.0, None), (600.0, None)):
+    for hang, group in ((None, None), (None, 2.5 / 60), (None, 0.1), (None, 0.25), (None, 5.0), (None, 600.0),
+                        (0.1, None), (40.0, None), (600.0, None)):
         t, m = timeouts(hang, group)
         heartbeat = Watchdog("/nonexistent", 0, 1, 60 * t).interval_s
-        assert 60 * t + heartbeat < 60 * m * 0.9, (hang, group, t, m)  # fired with a tenth of M to spare
+        assert 60 * t + heartbeat <= 60 * m * 0.88 * (1 + 1e-12), (hang, group, t, m)  # 0.12 M to spare
+    t, m = timeouts(None, 2.4 / 60)  # below M 2.5 s the heartbeat's floor (0.2 s) is more than 0.08 M
+    assert 60 * t + Watchdog("/nonexistent", 0, 1, 60 * t).interval_s > 60 * m * 0.88, (t, m)
 
 
 def test_a_collective_that_times_out_before_the_watchdog_is_reported_as_a_hang(tmp_path):
