@@ -506,6 +506,13 @@ def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
     assert "NOT RESPONDING" in log and "most recent call first" in log and "last collectives: #" in log
     assert not _alive(everything), "a process outlived the hung job"
     assert os.path.isfile(run / ".watchdog" / "hang.json")
+    # docs/status.md's "within the timeout (15 s + one heartbeat)", both sides, in the trainer: from rank 0's last
+    # progress to the report; 1 s for the watchdog thread's wake-up on a loaded machine (less than a heartbeat, 1.5 s)
+    fired = json.loads((run / ".watchdog" / "hang.json").read_text())
+    detected = fired["time"] - json.loads((run / ".watchdog" / "rank_0.json").read_text())["progress_at"]
+    print(f"named after {detected:.2f} s without progress (timeout {60 * HANG_TIMEOUT_MIN:g} s)")
+    assert fired["rank"] == 0 and fired["stopped"] == [1], fired
+    assert 60 * HANG_TIMEOUT_MIN < detected <= 60 * HANG_TIMEOUT_MIN * 1.1 + 1.0, detected
     first = {r["step"]: r["loss"] for r in rows(run) if "loss" in r}
     stop = latest(run)
     assert stop in (5, 10) and max(first) > stop, (stop, sorted(first))
