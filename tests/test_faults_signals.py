@@ -331,13 +331,15 @@ HANG_TIMEOUT_MIN = 0.25  # 15 s without progress
 
 
 def test_watchdog_heartbeat_period_off_switch_and_flag_bounds(tmp_path, capsys, monkeypatch):
-    """docs/reliability_signals.md: the heartbeat is written every T/10, at most 5 s; --hang-timeout-minutes 0 turns
+    """docs/reliability_signals.md: the heartbeat is written every T/10, at least 0.2 s and at most 5 s (both edges
+    one step either side); --hang-timeout-minutes 0 turns
     the watchdog off (>= 0 accepted, below refused); --distributed-timeout-minutes must be > 0; the flight recorder
     keeps 64 collectives (TORCH_FR_BUFFER_SIZE=64) unless that is set."""
     from megatron_sat.training.arguments import parse_args
     from megatron_sat.training.watchdog import FOLDER, Watchdog, enable_flight_recorder
 
-    for timeout_s, period in ((15, 1.5), (49, 4.9), (50, 5.0), (51, 5.0), (600, 5.0)):
+    for timeout_s, period in ((0.5, 0.2), (1.9, 0.2), (2, 0.2), (2.1, 0.21), (15, 1.5), (49, 4.9), (50, 5.0),
+                              (51, 5.0), (600, 5.0)):
         assert Watchdog(str(tmp_path), 0, 1, timeout_s).interval_s == pytest.approx(period), timeout_s
     off = Watchdog(str(tmp_path / "off"), 0, 1, 0).start()
     off.beat("step 1")
@@ -363,7 +365,9 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
     """docs/status.md: a stopped rank is named "within the timeout (15 s + one heartbeat)": the watchdog fires no
     sooner than the timeout after the last progress and no later than one heartbeat (timeout / 10) after it. Timed
     at a 3 s timeout on two bare watchdog processes (tests/workers/watchdog_rank.py): rank 0 stops making
-    progress as rank 1 is SIGSTOPped."""
+    progress as rank 1 is SIGSTOPped. One heartbeat late, whatever the load: the watchdog's look before the one that
+    fired (its heartbeat's time, seen by polling it) was still within the timeout (broken by hand: a watchdog firing
+    at 0.9 T, at T + 1 and at T + 2 heartbeats each fails)."""
     from megatron_sat.training.watchdog import Watchdog
 
     assert Watchdog(str(tmp_path), 0, 2, 60 * HANG_TIMEOUT_MIN).interval_s == 1.5  # the 15 s test's heartbeat
@@ -381,6 +385,13 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
         os.kill(procs[1].pid, signal.SIGSTOP)
         (run / "stop").touch()
         t_stop = time.time()
+        looks = set()  # rank 0's watchdog writes its heartbeat at each look: the times of its looks, as seen
+        while procs[0].poll() is None and time.time() < t_stop + 120:
+            try:
+                looks.add(json.loads((run / ".watchdog" / "rank_0.json").read_text())["written_at"])
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.005)
         out, _ = procs[0].communicate(timeout=120)
         took = time.time() - t_stop
     finally:
@@ -390,7 +401,9 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
             p.wait()
     assert procs[0].returncode == 75, out[-3000:]
     assert "rank 1 stopped responding" in out and "rank 1 (" in out and "NOT RESPONDING" in out, out[-3000:]
-    progress_at = json.loads((run / ".watchdog" / "rank_0.json").read_text())["progress_at"]  # rank 0's last beat
+    last_beat = json.loads((run / ".watchdog" / "rank_0.json").read_text())  # written at the look that fired
+    progress_at = last_beat["progress_at"]  # rank 0's last beat
+    looks.add(last_beat["written_at"])
     fired = json.loads((run / ".watchdog" / "hang.json").read_text())
     detected = fired["time"] - progress_at
     print(f"named after {detected:.2f} s without progress (timeout {timeout} s, heartbeat {heartbeat} s); "
@@ -399,12 +412,19 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
     # 0.25 s for the watchdog thread's wake-up on a loaded machine (less than one more heartbeat: a watchdog that
     # waited two heartbeats past the timeout fails); the exit after the report (it imports torch) is not timed
     assert timeout < detected <= timeout + heartbeat + 0.25, detected
+    # it fired at its first look past the timeout: the look before was within it. Free of the machine's load (a
+    # look missed by this poll only moves the one seen earlier); a watchdog that waited a heartbeat more had, at
+    # the look before, already seen more than the timeout without progress
+    looks = sorted(looks)
+    assert looks[-1] == fired["time"] and len(looks) >= 2, looks[-3:]
+    assert looks[-2] - progress_at <= timeout, (looks[-2] - progress_at, detected)
 
 
 def test_the_watchdog_fires_before_a_collective_times_out_whichever_timeout_is_given():
     """docs/reliability_signals.md, "one outcome": neither timeout given -> T 10, M 30; M given -> T = 0.8 M; T given
     -> M = max(30, T / 0.8); both given -> as given. With the defaults the watchdog fires (T plus one heartbeat,
-    at most 0.88 M) before a collective that began after the last progress times out (M)."""
+    at most 0.88 M) before a collective that began after the last progress times out (M); 0.88 M exactly at M 2.5 s
+    and below (T 2 s, the heartbeat's 0.2 s floor), past it below."""
     from megatron_sat.training.watchdog import Watchdog, timeouts
 
     assert timeouts(None, None) == (10.0, 30.0)
@@ -412,11 +432,13 @@ def test_the_watchdog_fires_before_a_collective_times_out_whichever_timeout_is_g
     assert timeouts(0.25, None) == (0.25, 30.0) and timeouts(40.0, None) == (40.0, 50.0)
     assert timeouts(24.0, None) == (24.0, 30.0) and timeouts(24.1, None)[1] == pytest.approx(30.125)
     assert timeouts(7.0, 5.0) == (7.0, 5.0) and timeouts(0, None) == (0, 30.0) and timeouts(0, 2.0) == (0, 2.0)
-    for hang, group in ((None, None), (None, 0.1), (None, 0.25), (None, 5.0), (None, 600.0), (0.1, None),
-                        (40.0, None), (600.0, None)):
+    for hang, group in ((None, None), (None, 2.5 / 60), (None, 0.1), (None, 0.25), (None, 5.0), (None, 600.0),
+                        (0.1, None), (40.0, None), (600.0, None)):
         t, m = timeouts(hang, group)
         heartbeat = Watchdog("/nonexistent", 0, 1, 60 * t).interval_s
-        assert 60 * t + heartbeat < 60 * m * 0.9, (hang, group, t, m)  # fired with a tenth of M to spare
+        assert 60 * t + heartbeat <= 60 * m * 0.88 * (1 + 1e-12), (hang, group, t, m)  # 0.12 M to spare
+    t, m = timeouts(None, 2.4 / 60)  # below M 2.5 s the heartbeat's floor (0.2 s) is more than 0.08 M
+    assert 60 * t + Watchdog("/nonexistent", 0, 1, 60 * t).interval_s > 60 * m * 0.88, (t, m)
 
 
 def test_a_collective_that_times_out_before_the_watchdog_is_reported_as_a_hang(tmp_path):
@@ -484,6 +506,13 @@ def test_a_stopped_rank_is_detected_and_the_rerun_resumes_exactly(tmp_path):
     assert "NOT RESPONDING" in log and "most recent call first" in log and "last collectives: #" in log
     assert not _alive(everything), "a process outlived the hung job"
     assert os.path.isfile(run / ".watchdog" / "hang.json")
+    # docs/status.md's "within the timeout (15 s + one heartbeat)", both sides, in the trainer: from rank 0's last
+    # progress to the report; 1 s for the watchdog thread's wake-up on a loaded machine (less than a heartbeat, 1.5 s)
+    fired = json.loads((run / ".watchdog" / "hang.json").read_text())
+    detected = fired["time"] - json.loads((run / ".watchdog" / "rank_0.json").read_text())["progress_at"]
+    print(f"named after {detected:.2f} s without progress (timeout {60 * HANG_TIMEOUT_MIN:g} s)")
+    assert fired["rank"] == 0 and fired["stopped"] == [1], fired
+    assert 60 * HANG_TIMEOUT_MIN < detected <= 60 * HANG_TIMEOUT_MIN * 1.1 + 1.0, detected
     first = {r["step"]: r["loss"] for r in rows(run) if "loss" in r}
     stop = latest(run)
     assert stop in (5, 10) and max(first) > stop, (stop, sorted(first))

@@ -114,7 +114,11 @@ def results(tmp_path_factory):
 
 @pytest.mark.parametrize("case", CASES)
 def test_layout_matches_one_rank(results, case):
-    r = results[case]
+    _check_against_one_rank(case, results[case])
+
+
+def _check_against_one_rank(case: str, r: dict) -> None:
+    """The bounds of the module docstring on one case's comparison (tests/workers/equivalence.py's compare)."""
     assert not r["missing"], f"parameters present on one side only: {r['missing']}"
     bf16 = case.split("/")[0].endswith("_bf16")
     loss_rtol, grad_rtol = (BF16_LOSS_RTOL, BF16_GRAD_RTOL) if bf16 else (LOSS_RTOL, GRAD_RTOL)
@@ -134,3 +138,42 @@ def test_a_bf16_bug_fails_the_bf16_bounds(results, case):
     name, err = results[case]["worst_grad"]
     assert err > BF16_GRAD_RTOL, f"the bug moved no gradient beyond the bf16 bound (worst: {name}, {err:.2e})"
     assert "layernorm" in name or "norm" in name, f"the worst gradient is {name}, not a norm's"
+
+
+def _compare():
+    """tests/workers/equivalence.py's compare (and the ARCH_PARAMS it reads), without importing megatron."""
+    src = open(WORKER).read()
+    namespace = {}
+    exec("import torch\n" + src[src.index("ARCH_PARAMS = "): src.index("\n", src.index("ARCH_PARAMS = "))] + "\n"
+         + src[src.index("def compare("): src.index("def main(")], namespace)
+    return namespace["compare"]
+
+
+def test_each_bound_fails_one_step_outside():
+    """docs/status.md's figures at their edge, both sides, through the worker's own compare and this file's check:
+    a difference of 0.99 of each bound passes and 1.01 of it fails, each bound alone (float32 losses 1e-5, float64
+    gradients 1e-10 of the tensor's max, weights after 3 steps 5e-3 of it; bf16 losses 2^-8, bf16 gradients 0.15).
+    The difference sits on an entry that is 0 in the reference, so that rounding does not move it."""
+    import torch
+
+    compare = _compare()
+    g = torch.Generator().manual_seed(0)
+    grad, param = (torch.randn(4, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    grad[0, 0] = param[0, 0] = 0.0
+    loss = [4.9, 4.8, 4.7]
+
+    def result(bf16, loss_by=0.0, grad_by=0.0, param_by=0.0):
+        ref = dict(losses=loss, grads={"w": grad}, params={"w": param})
+        got = dict(losses=[x * (1 + loss_by) for x in loss], grads={"w": grad.clone()}, params={"w": param.clone()})
+        got["grads"]["w"][0, 0] = grad_by * grad.abs().max()
+        got["params"]["w"][0, 0] = param_by * param.abs().max()
+        return ("transformer_bf16/tp2" if bf16 else "transformer/tp2"), compare(ref, got)
+
+    bounds = [(False, "loss_by", 1e-5, "losses"), (False, "grad_by", 1e-10, "float64 gradient"),
+              (False, "param_by", 5e-3, "after 3 steps"), (True, "loss_by", 2.0**-8, "losses"),
+              (True, "grad_by", 0.15, "bf16 gradient")]
+    for bf16, what, bound, message in bounds:
+        _check_against_one_rank(*result(bf16, **{what: 0.99 * bound}))
+        with pytest.raises(AssertionError, match=message):
+            _check_against_one_rank(*result(bf16, **{what: 1.01 * bound}))
+    _check_against_one_rank(*result(True, param_by=1.0))  # bf16: the weights after 3 steps are not compared

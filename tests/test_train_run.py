@@ -8,9 +8,10 @@ BPE 512 trained on it), 40 scheduled steps, global batch 8 = 4 micro-batches of 
   C  1 process, SIGTERM after step 2 -> checkpoint, exit 0; rerun with --load -> finishes 40 steps
      with exactly A's losses
   D  4 processes TP2 x PP2 with the separate SATFormer gate, --load A --ckpt-step 3 (layout and gate
-     implementation change: A has the default, fused gate), steps 4-8 -> A's losses and gate telemetry
-     (relative 1e-5)
+     implementation change: A has the default, fused gate), steps 4-8 -> A's losses (relative 1e-5), grad
+     norms and gate telemetry (1e-4)
   E  1 process, fused gate, --load D (TP2 x PP2 -> TP1 x PP1, separate -> fused), steps 9-10 -> A's losses
+     (relative 1e-5, as D's)
   N  1 process, NaN injected at step 5 -> exit 3 with a message; latest checkpoint stays at 3
   F  1 process, --save F --load F --pretrained-checkpoint A, steps 1-2: A's final weights (validation
      loss after a step at lr 0 equals A's last one exactly), a new LR schedule from iteration 0; the
@@ -160,7 +161,7 @@ def test_tp2_pp2_from_one_rank_checkpoint_matches(runs):
     back, _ = metrics(runs["tmp"] / "E")
     assert sorted(back) == [9, 10]
     for s in back:
-        assert back[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-4)
+        assert back[s]["loss"] == pytest.approx(ref[s]["loss"], rel=1e-5)
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(runs):

@@ -60,7 +60,8 @@ def timeouts(hang_minutes: Optional[float], group_minutes: Optional[float]) -> T
 
     Neither given: T = 10, M = 30. M given: T = 0.8 M. T given: M = max(30, T / 0.8). A stuck collective began after
     its rank's last progress, so it times out no sooner than M after it; the watchdog fires by T plus one heartbeat
-    (T / 10, at most 5 s) after it: 0.88 M at most. Both given: as given (T 0 turns the watchdog off)."""
+    (T / 10, at least 0.2 s and at most 5 s) after it: 0.88 M at most (M of 2.5 s or more). Both given: as given
+    (T 0 turns the watchdog off)."""
     hang = hang_minutes
     if hang is None:
         hang = DEFAULT_HANG_MINUTES if group_minutes is None else HEADROOM * group_minutes
