@@ -12,7 +12,10 @@ signals nor outlive the trainer:
     After a kill -9 of the trainer they stay behind. `install_write_results_queue` starts that Manager
     itself, with the job's signals blocked (the mask survives fork and exec, so the resource tracker it
     spawns is covered too) and PR_SET_PDEATHSIG, then hands its queue to Megatron-Core. No library
-    offers this; it sets one module global of Megatron-Core 0.19 (checked at import below).
+    offers this; it sets one module global of Megatron-Core 0.19 (checked where it is set). The server is
+    kept light: it imports this module alone (megatron-core lazily, below) and holds the results pickled
+    (PickledQueue), where Megatron-Core's own imported megatron-core and torch in every rank: seconds of CPU
+    per rank at start and at the first save, which the hang watchdog times.
   * An asynchronous save's writer is a forked child (Megatron-Core's TemporalAsyncCaller): it inherits
     the flag-setting handler, and `die_with_parent` makes it end with the trainer.
 """
@@ -21,13 +24,12 @@ import ctypes
 import ctypes.util
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 from multiprocessing import resource_tracker
 from multiprocessing.managers import SyncManager
 from typing import Callable, Optional
-
-from megatron.core.dist_checkpointing.strategies import filesystem_async
 
 JOB_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
@@ -108,6 +110,28 @@ def _manager_init() -> None:
     die_with_parent()
 
 
+class PickledQueue:
+    """A Manager queue whose items the callers pickle: the server holds bytes, never the write results themselves,
+    so it never imports torch to unpickle them (seconds of CPU at each rank's first save, tens under load). The
+    server process itself imports only this module (no megatron-core: spawn imports the initializer's module).
+    Megatron-Core calls put and get_nowait; get and empty are here for completeness."""
+
+    def __init__(self, queue):
+        self._queue = queue  # [bytes] a Manager's Queue proxy: picklable, shared by forked and spawned writers
+
+    def put(self, item, *args, **kwargs) -> None:
+        self._queue.put(pickle.dumps(item), *args, **kwargs)
+
+    def get(self, *args, **kwargs):
+        return pickle.loads(self._queue.get(*args, **kwargs))
+
+    def get_nowait(self):
+        return pickle.loads(self._queue.get_nowait())
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+
 _manager = None
 
 
@@ -116,6 +140,8 @@ def install_write_results_queue() -> None:
     global _manager
     if _manager is not None:
         return
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
     if not hasattr(filesystem_async, "_results_queue"):  # a Megatron-Core that no longer has the global
         return
     manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
@@ -127,7 +153,7 @@ def install_write_results_queue() -> None:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     _manager = manager
-    filesystem_async._results_queue = manager.Queue()
+    filesystem_async._results_queue = PickledQueue(manager.Queue())
 
 
 def shielded_async_request(request):
