@@ -1,6 +1,7 @@
 """Faults, part 2, tested like features: Ctrl-C, preemption signals to a launcher's group, a changed LR schedule on
 resume, data edge cases, and a hung rank. Real trainer processes, torchrun and megatron_sat.torchrun throughout.
 
+  helper: the checkpoint writer's results server (a Manager) gives back what was put and never loads torch
   R   debug_satformer on mock data, 16 steps, checkpoint every 4: the reference losses
   I   SIGINT to the group during the save at 4 (held 2 s)  -> that save completes, step 5 saves, exit 0
       -> resumed, two SIGINTs in training                   -> stops at once, exit 130, one line naming what was kept,
@@ -116,6 +117,37 @@ def runs(tmp_path_factory):
     out["I2_left"] = _alive(out["I2_children"])
     out["I3"] = train(*BASE, "--save", i, "--load", i)
     return out
+
+
+WRITE_RESULTS = """
+import json
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.storage import WriteResult
+from megatron_sat.training import signals
+
+signals.install_write_results_queue()
+queue = filesystem_async._results_queue
+result = {0: [WriteResult(index=MetadataIndex("w"), size_in_bytes=3, storage_data=None)]}
+queue.put(result)
+queue.put(OSError(28, "No space left on device"))  # a writer's failure travels the same way
+back, error = queue.get_nowait(), queue.get_nowait()
+maps = lambda pid: open(f"/proc/{pid}/maps").read()  # noqa: E731
+print(json.dumps({"same": back == result, "error": repr(error), "torch_here": "libtorch" in maps("self"),
+                  "torch_in_server": "libtorch" in maps(signals._manager._process.pid)}))
+"""
+
+
+def test_the_write_results_server_holds_bytes_and_imports_neither_torch_nor_megatron_core():
+    """signals.install_write_results_queue: Megatron-Core's write results (and a writer's exception) come back as put,
+    while the Manager server never loads torch (so neither megatron-core): it imports signals.py alone and holds
+    the results pickled. It used to import both, seconds of every rank's start and again at its first save."""
+    out = subprocess.run([sys.executable, "-c", WRITE_RESULTS], capture_output=True, text=True, timeout=300,
+                         env=env(), cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"same": True, "error": "OSError(28, 'No space left on device')", "torch_here": True,
+                    "torch_in_server": False}, seen
 
 
 def test_sigint_once_during_a_save_and_twice_in_training(runs):
