@@ -10,7 +10,9 @@ fails a row here.
 """
 
 import argparse
+import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -361,8 +363,28 @@ def test_the_inputs_are_checked_unless_left_out(tmp_path):
                             f"{tmp_path}/none is not a folder\n  give exactly one data source: --data-path PREFIX, "
                             "--train-data-path PREFIX (with --valid-data-path, --test-data-path), --mock-data or "
                             "--embedded-data DIR")
-    checks.validate_args(at(args, dict(mock_data=True, tokenizer_model="tok", eval_tasks_include_path=[str(tmp_path)])),
-                         1)
+    fine = at(args, dict(mock_data=True, tokenizer_model="tok", eval_tasks_include_path=[str(tmp_path)]))
+    checks.validate_args(fine, 1)
+    with pytest.raises(ValueError) as e:  # the world size is checked too
+        checks.validate_args(at(fine, dict(tensor_model_parallel_size=2)), 3)
+    assert str(e.value) == "invalid arguments:\n  " + WORLD.format(3, 2, 1, 1)
+
+
+@pytest.mark.parametrize("package, values, line", [
+    ("tensorboard", dict(tensorboard_dir="{tmp}/tb"),
+     "--tensorboard-dir needs the tensorboard package: pip install tensorboard (in the train extra of megatron-sat)"),
+    ("lm_eval", dict(eval_tasks="x", tokenizer_model="tok"), '--eval-tasks needs lm-eval: pip install "lm-eval[hf]==0.4.13"'),
+])
+def test_a_missing_package_is_named_with_its_install(tmp_path, monkeypatch, package, values, line):
+    """An option whose package is not installed is refused with the pip command (inputs=False leaves it out). None in
+    sys.modules is Python's own import block: `import package` raises ImportError, find_spec answers None (no
+    stand-in object)."""
+    args = at(base(tmp_path), values, tmp=str(tmp_path))
+    assert checks.argument_errors(args, 1) == []
+    monkeypatch.setitem(sys.modules, package, None)
+    assert importlib.util.find_spec(package) is None
+    assert checks.argument_errors(args, 1) == [line]
+    assert checks.argument_errors(args, 1, inputs=False) == []
 
 
 # --eval-tasks and its companions (eval_tasks_errors): (name, values, inputs, lines); on TINY (--mock-data, no
