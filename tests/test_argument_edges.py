@@ -527,6 +527,10 @@ SPLIT_PATH_EDGES = [
     ("train half", dict(DATA, train_data_path=["{half}"]), [NO_DATASET.format("train", "{half}")]),
     ("train idx only", dict(DATA, train_data_path=["1 {full} 1 {idxonly}"]), [NO_DATASET.format("train", "{idxonly}")]),
     ("train a number", dict(DATA, train_data_path=["1"]), [NO_DATASET.format("train", "nothing given")]),
+    ("train a blend in words", dict(DATA, train_data_path=["1", "{full}", "2", "{full}"]), []),
+    ("train two missing", dict(DATA, train_data_path=["1 {half}", "1 {idxonly}"]),
+     [NO_DATASET.format("train", "{half}, {idxonly}")]),
+    ("no test flag", dict(DATA, train_data_path=["{full}"], test_data_path=DROP), []),  # a config older than it
     ("valid missing", dict(DATA, train_data_path=["{full}"], valid_data_path=["{missing}"]),
      [NO_DATASET.format("valid", "{missing}")]),
     ("test missing", dict(DATA, train_data_path=["{full}"], test_data_path=["{missing}"]),
