@@ -285,7 +285,11 @@ ARGUMENT_EDGES = [
     ("world refused first", dict(micro_batch_size=1, global_batch_size=3, tensor_model_parallel_size=2), 3,
      [WORLD.format(3, 2, 1, 1)]),
     ("one step", dict(train_iters=1), 1, []),
-    ("no step", dict(train_iters=0), 1, ["--train-iters must be >= 1", WARMUP.format("--lr-warmup-iters 0", 0)]),
+    ("no step", dict(train_iters=0), 1, ["--train-iters must be >= 1"]),  # not again as the warm-up's decay length
+    ("no step, a negative warm-up", dict(train_iters=0, lr_warmup_iters=-1), 1,
+     ["--train-iters must be >= 1", WARMUP.format("--lr-warmup-iters -1", 0)]),
+    ("no step, a decay length of its own", dict(train_iters=0, lr_decay_iters=2, lr_warmup_iters=2), 1,
+     ["--train-iters must be >= 1", WARMUP.format("--lr-warmup-iters 2", 2)]),
     ("no sequence", dict(seq_length=0), 1, ["--seq-length must be >= 1"]),
     ("log every step", dict(log_interval=1), 1, []),
     ("no log interval", dict(log_interval=0), 1, ["--log-interval must be >= 1"]),

@@ -92,7 +92,9 @@ def argument_errors(args: argparse.Namespace, world_size: Optional[int], *, inpu
                       "pass one (the command's LR schedule, or the checkpoint's)")
     decay = args.lr_decay_iters or args.train_iters
     negative = [f for f in ("lr_warmup_samples", "lr_decay_samples") if (getattr(args, f, None) or 0) < 0]
-    if not negative and not 0 <= args.lr_warmup_iters < decay:  # a negative sample count has its own line
+    # a negative sample count has its own line, and so has a decay length that is a refused --train-iters
+    no_decay = not args.lr_decay_iters and args.train_iters < 1 and args.lr_warmup_iters >= 0
+    if not negative and not no_decay and not 0 <= args.lr_warmup_iters < decay:
         given = (f"--lr-warmup-samples {args.lr_warmup_samples} ({args.lr_warmup_iters:g} steps of "
                  f"{args.global_batch_size} samples)" if args.lr_warmup_samples is not None
                  else f"--lr-warmup-iters {args.lr_warmup_iters}")
