@@ -356,18 +356,27 @@ def test_every_flag_is_tagged_and_its_tag_holds(tmp_path):
     assert not wrong, wrong
 
 
-def test_plan_layout_cli():
+def test_plan_layout_cli(capsys):
+    """The tool as run (one process), then its main() for the other recipes: a process each would spend 5 s
+    importing torch and megatron-core, which this test's process has already."""
+    from megatron_sat_tools import plan_layout
+
+    def plan(*args, expect=0):
+        capsys.readouterr()
+        assert plan_layout.main(list(args)) == expect
+        return capsys.readouterr().out
+
     out = _tool("tools/plan_layout.py", "--recipe", "satformer_1.3B")
     assert "TP1xPP1xDP32" in out and "status    OK" in out and "GPU hours" in out
-    out = _tool("tools/plan_layout.py", "--recipe", "satformer_1.3B", "--nodes", "1", "--micro-batch-size", "16",
-                expect=1)
+    assert plan("--recipe", "satformer_1.3B") == out  # main() prints what the tool prints
+    out = plan("--recipe", "satformer_1.3B", "--nodes", "1", "--micro-batch-size", "16", expect=1)
     assert "exceeds 90%" in out
-    assert "note" not in _tool("tools/plan_layout.py", "--recipe", "satformer_760M")
+    assert "note" not in plan("--recipe", "satformer_760M")
     for recipe in ("muddformer_760M", "hyperconnections_1.3B"):
-        out = _tool("tools/plan_layout.py", "--recipe", recipe)
+        out = plan("--recipe", recipe)
         assert "status    OK" in out and "GPU hours" in out
         assert f"memory counts {recipe.split('_')[0]}'s extra activations" in out and "connections" in out
-    out = _tool("tools/plan_layout.py", "--recipe", "denseformer_130M", "--recompute-granularity", "full", expect=1)
+    out = plan("--recipe", "denseformer_130M", "--recompute-granularity", "full", expect=1)
     assert "--recompute-granularity full is not supported for --arch denseformer" in out
 
 
