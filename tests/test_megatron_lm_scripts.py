@@ -369,3 +369,52 @@ def test_kernel_switches_are_accepted(tmp_path, flag):
 def test_recompute_modules_other_than_core_attn_are_refused(tmp_path, capsys):
     err = _refused([*llama(tmp_path), "--recompute-modules", "core_attn", "mlp"], capsys)
     assert "--recompute-modules core_attn mlp: selective recompute here recomputes core attention only" in err
+
+
+@pytest.mark.parametrize("values, gpu, fields", [
+    ({"cross_entropy_loss_fusion": True}, True, {"cross_entropy_loss_fusion": True}),
+    ({"cross_entropy_loss_fusion": True}, False, {}),
+    ({"cross_entropy_loss_fusion": False}, True, {}),
+    ({}, True, {}),  # a namespace from before the flag existed (an old run's config)
+])
+def test_the_fused_cross_entropy_is_asked_for_on_a_gpu_only(values, gpu, fields):
+    """--cross-entropy-loss-fusion sets the model's TransformerConfig field on a GPU (training/setup.py passes
+    torch.cuda.is_available()), nothing on CPU, where the unfused cross entropy computes the same loss; called with
+    the GPU's answer given, so both sides are checked here."""
+    assert megatron_lm_flags.config_fields(argparse.Namespace(**values), gpu=gpu) == fields
+
+
+def test_the_script_asks_for_the_fused_cross_entropy_on_a_gpu(tmp_path):
+    """The Llama script passes --cross-entropy-loss-fusion: the flag parses into the field the GPU's config reads."""
+    args = parse_args(llama(tmp_path))
+    assert args.cross_entropy_loss_fusion
+    assert megatron_lm_flags.config_fields(args, gpu=True) == {"cross_entropy_loss_fusion": True}
+    assert megatron_lm_flags.config_fields(args, gpu=False) == {}
+
+
+
+MOE = ("Mixture-of-Experts (MoE) is not supported here: the archs are dense ({}): drop the MoE flags to train the "
+       "dense model of the same shape")
+FSDP = ("Megatron-FSDP is not supported here ({}): drop its flags; --use-distributed-optimizer shards the optimizer "
+        "state over data parallelism")
+UNSUPPORTED_WORDS = [
+    ([], [], []),
+    (["--foo", "1"], [], ["--foo", "1"]),
+    (["--num-experts", "8"], [MOE.format("--num-experts 8")], []),
+    (["--num-experts=8"], [MOE.format("--num-experts=8")], []),  # the flag is the word up to its first "="
+    (["--use-megatron-fsdp=a=b"], [FSDP.format("--use-megatron-fsdp=a=b")], []),
+    (["--num-experts 8"], [], ["--num-experts 8"]),  # one word with a space (quoted in the script): no such flag
+    (["--moe-router-topk", "2"], [MOE.format("--moe-router-topk 2")], []),  # "--moe-": a prefix
+    (["--moe", "2"], [], ["--moe", "2"]),  # not under the prefix
+    (["--num-expertsx", "2"], [], ["--num-expertsx", "2"]),  # a whole flag: not a prefix
+    (["7", "--fsdp-double-buffer", "--foo", "x", "--num-experts", "8", "--use-nccl-ub", "--moe-grouped-gemm"],
+     [MOE.format("--num-experts 8 --moe-grouped-gemm"), FSDP.format("--fsdp-double-buffer --use-nccl-ub")],
+     ["7", "--foo", "x"]),  # a word before any flag is left; the problems in UNSUPPORTED's order
+]
+
+
+@pytest.mark.parametrize("words, found, rest", UNSUPPORTED_WORDS, ids=[" ".join(r[0]) or "none" for r in UNSUPPORTED_WORDS])
+def test_unsupported_features_named_with_their_words(words, found, rest):
+    """megatron_lm_flags.unsupported on argparse's unrecognized words: one problem per feature naming its flags with
+    their values, exactly; the other words left for 'unrecognized arguments'."""
+    assert megatron_lm_flags.unsupported(words) == (found, rest)
