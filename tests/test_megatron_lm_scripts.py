@@ -418,3 +418,21 @@ def test_unsupported_features_named_with_their_words(words, found, rest):
     """megatron_lm_flags.unsupported on argparse's unrecognized words: one problem per feature naming its flags with
     their values, exactly; the other words left for 'unrecognized arguments'."""
     assert megatron_lm_flags.unsupported(words) == (found, rest)
+
+
+def test_recompute_activations_against_a_full_granularity_the_higher_layer_wins(tmp_path, capsys):
+    """docs/ecosystem.md: --recompute-activations with --recompute-granularity full at the same layer exits 2, else
+    the higher layer wins: a run's config file with recompute on takes --recompute-granularity full from the command
+    line (refused before, with no way to drop the file's flag there), and --recompute-activations over a file's full."""
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    (tmp_path / "act.yaml").write_text("recompute_activations: true\nrecompute_granularity: selective\n")
+    args = parse_args([*base, "--config", str(tmp_path / "act.yaml"), "--recompute-granularity", "full"])
+    assert (args.recompute_activations, args.recompute_granularity) == (True, "full")
+    assert parse_args([*base, "--config", str(tmp_path / "act.yaml")]).recompute_granularity == "selective"
+    (tmp_path / "full.yaml").write_text("recompute_granularity: full\n")
+    assert parse_args([*base, "--config", str(tmp_path / "full.yaml"),
+                       "--recompute-activations"]).recompute_granularity == "selective"
+    (tmp_path / "both.yaml").write_text("recompute_activations: true\nrecompute_granularity: full\n")
+    err = _refused([*base, "--config", str(tmp_path / "both.yaml")], capsys)
+    assert _problems(err) == ["--recompute-activations means --recompute-granularity selective: drop one of them"]
+    assert not (tmp_path / "r").exists()

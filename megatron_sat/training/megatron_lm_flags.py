@@ -187,11 +187,11 @@ def resolve(args: argparse.Namespace, level: dict) -> List[str]:
         # would train SATFormer); a recipe or config file without an arch keeps the default, as it always did
         errors.append("which model? give --arch (one of " + ", ".join(ARCHS) + "), or a --recipe or --config that "
                       "names one")
-    if args.recompute_activations:
-        if args.recompute_granularity == "full" and level.get("recompute_granularity", 0) >= level.get(
-                "recompute_activations", 0):
+    if args.recompute_activations:  # with a full granularity: refused at the same layer, else the higher one wins
+        full_at = level.get("recompute_granularity", 0) if args.recompute_granularity == "full" else -1
+        if full_at == level.get("recompute_activations", 0):
             errors.append("--recompute-activations means --recompute-granularity selective: drop one of them")
-        else:
+        elif full_at < level.get("recompute_activations", 0):
             args.recompute_granularity = "selective"
     if args.sequence_parallel and args.tensor_model_parallel_size == 1:
         args.sequence_parallel = False  # as Megatron-LM: sequence parallelism splits what TP shares; none at TP1
