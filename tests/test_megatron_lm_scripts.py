@@ -17,6 +17,7 @@ import pytest
 import torch
 from train_cli import ROOT, rows, train
 
+from megatron_sat.archs import ARCHS
 from megatron_sat.model.flops import peak_tflops_of
 from megatron_sat.training import megatron_lm_flags
 from megatron_sat.training.argument_checks import problems
@@ -391,6 +392,78 @@ def test_the_script_asks_for_the_fused_cross_entropy_on_a_gpu(tmp_path):
     assert megatron_lm_flags.config_fields(args, gpu=True) == {"cross_entropy_loss_fusion": True}
     assert megatron_lm_flags.config_fields(args, gpu=False) == {}
 
+
+# resolve, called directly: a namespace holding exactly what it reads (the parser's defaults but a global batch of
+# 4), the layer each value came from (0 or absent: the built-in default, 1 recipe, 2 config file, 3 command line),
+# what it changes and its errors in their order
+RESOLVE_BASE = dict(split="98,2,0", recipe=None, config=None, recompute_activations=False, recompute_granularity=None,
+                    sequence_parallel=False, tensor_model_parallel_size=1, global_batch_size=4, rampup_batch_size=None,
+                    train_samples=None, train_iters=20, lr_warmup_samples=None, lr_warmup_iters=0,
+                    lr_warmup_fraction=None, lr_decay_samples=None, lr_decay_iters=None)
+ARCH = {"arch": 3}
+MODEL = ("which model? give --arch (one of " + ", ".join(ARCHS) + "), or a --recipe or --config that names one")
+RECOMPUTE = "--recompute-activations means --recompute-granularity selective: drop one of them"
+RAMP_NEEDS = ("--rampup-batch-size needs --train-samples (Megatron-LM refuses it with --train-iters: expected no "
+              "batch-size rampup for iteration-based training)")
+RAMP_BAD = ("--rampup-batch-size 3 2 2: need 1 <= START <= --global-batch-size 4, INCR >= 1 dividing the difference, "
+            "SAMPLES >= 0")
+WARMUP_BOTH = "give --lr-warmup-iters or --lr-warmup-samples, not both"
+DECAY_BOTH = "give --lr-decay-iters or --lr-decay-samples, not both"
+ACT, FULL = dict(recompute_activations=True), dict(recompute_activations=True, recompute_granularity="full")
+RESOLVE_EDGES = [
+    ("nothing to resolve", {}, ARCH, {}, []),
+    ("a split in quotes", {"split": "'99,1,0'"}, ARCH, {"split": "99,1,0"}, []),
+    ("a split in double quotes and spaces", {"split": ' "99,1,0" '}, ARCH, {"split": "99,1,0"}, []),
+    ("a split's typo kept for its refusal", {"split": "'98,2X'"}, ARCH, {"split": "98,2X"}, []),
+    ("no model", {}, {}, {}, [MODEL]),
+    ("the arch from a recipe", {}, {"arch": 1}, {}, []),
+    ("a recipe names the model", {"recipe": "debug_satformer"}, {}, {}, []),
+    ("a config file names the model", {"config": "run.yaml"}, {}, {}, []),
+    ("--recompute-activations", ACT, {**ARCH, "recompute_activations": 3}, {"recompute_granularity": "selective"}, []),
+    ("--recompute-activations of no layer", ACT, ARCH, {"recompute_granularity": "selective"}, []),
+    ("--recompute-activations over selective", {**ACT, "recompute_granularity": "selective"},
+     {**ARCH, "recompute_activations": 1, "recompute_granularity": 3}, {}, []),
+    ("recompute full at the same layer", FULL, {**ARCH, "recompute_activations": 3, "recompute_granularity": 3}, {},
+     [RECOMPUTE]),
+    ("recompute full at a higher layer", FULL, {**ARCH, "recompute_activations": 2, "recompute_granularity": 3}, {},
+     []),  # the higher layer wins (refused before: a config file's recompute could not be made full)
+    ("recompute full at a lower layer", FULL, {**ARCH, "recompute_activations": 3, "recompute_granularity": 2},
+     {"recompute_granularity": "selective"}, []),
+    ("recompute both of no layer", FULL, ARCH, {}, [RECOMPUTE]),
+    ("recompute full of no layer", FULL, {**ARCH, "recompute_activations": 1}, {"recompute_granularity": "selective"},
+     []),
+    ("recompute full alone", {"recompute_granularity": "full"}, ARCH, {}, []),
+    ("sequence parallel at TP1", {"sequence_parallel": True}, ARCH, {"sequence_parallel": False}, []),
+    ("sequence parallel at TP2", {"sequence_parallel": True, "tensor_model_parallel_size": 2}, ARCH, {}, []),
+    ("a ramp without --train-samples", {"rampup_batch_size": (1, 1, 6)}, ARCH, {}, [RAMP_NEEDS]),
+    ("a ramp counted", {"rampup_batch_size": (1, 1, 6), "train_samples": 20}, ARCH, {"train_iters": 7}, []),
+    ("a ramp refused", {"rampup_batch_size": (3, 2, 2), "train_samples": 20}, ARCH, {}, [RAMP_BAD]),
+    ("warm-up samples", {"lr_warmup_samples": 6, "lr_warmup_fraction": 0.1}, ARCH,
+     {"lr_warmup_iters": 1.5, "lr_warmup_fraction": None}, []),
+    ("warm-up samples and iters at one layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
+     {**ARCH, "lr_warmup_iters": 3, "lr_warmup_samples": 3}, {"lr_warmup_iters": 1.5}, [WARMUP_BOTH]),
+    ("warm-up samples over iters of a lower layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
+     {**ARCH, "lr_warmup_iters": 1, "lr_warmup_samples": 3}, {"lr_warmup_iters": 1.5}, []),
+    ("decay samples", {"lr_decay_samples": 9}, ARCH, {"lr_decay_iters": 2.25}, []),
+    ("decay samples and iters at one layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
+     {**ARCH, "lr_decay_iters": 2, "lr_decay_samples": 2}, {"lr_decay_iters": 2.25}, [DECAY_BOTH]),
+    ("decay samples over iters of a lower layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
+     {**ARCH, "lr_decay_iters": 1, "lr_decay_samples": 2}, {"lr_decay_iters": 2.25}, []),
+    ("every problem, in order", {**FULL, "rampup_batch_size": (1, 1, 6), "lr_warmup_samples": 6, "lr_warmup_iters": 2,
+                                 "lr_decay_samples": 9, "lr_decay_iters": 5},
+     {"recompute_activations": 3, "recompute_granularity": 3, "lr_warmup_iters": 3, "lr_warmup_samples": 3,
+      "lr_decay_iters": 3, "lr_decay_samples": 3}, {"lr_warmup_iters": 1.5, "lr_decay_iters": 2.25},
+     [MODEL, RECOMPUTE, RAMP_NEEDS, WARMUP_BOTH, DECAY_BOTH]),
+]
+
+
+@pytest.mark.parametrize("name, values, level, changed, errors", RESOLVE_EDGES, ids=[r[0] for r in RESOLVE_EDGES])
+def test_resolve_at_its_edges(name, values, level, changed, errors):
+    """megatron_lm_flags.resolve on both sides of each of its conditions: its errors exactly, in order, and the
+    namespace afterwards exactly (what it sets, and nothing else)."""
+    args = argparse.Namespace(**{**RESOLVE_BASE, **values})
+    assert megatron_lm_flags.resolve(args, dict(level)) == errors
+    assert vars(args) == {**RESOLVE_BASE, **values, **changed}
 
 
 MOE = ("Mixture-of-Experts (MoE) is not supported here: the archs are dense ({}): drop the MoE flags to train the "
