@@ -444,11 +444,15 @@ RESOLVE_EDGES = [
      {**ARCH, "lr_warmup_iters": 3, "lr_warmup_samples": 3}, {"lr_warmup_iters": 1.5}, [WARMUP_BOTH]),
     ("warm-up samples over iters of a lower layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
      {**ARCH, "lr_warmup_iters": 1, "lr_warmup_samples": 3}, {"lr_warmup_iters": 1.5}, []),
+    ("warm-up iters over samples of a lower layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
+     {**ARCH, "lr_warmup_iters": 3, "lr_warmup_samples": 2}, {"lr_warmup_samples": None}, []),
     ("decay samples", {"lr_decay_samples": 9}, ARCH, {"lr_decay_iters": 2.25}, []),
     ("decay samples and iters at one layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
      {**ARCH, "lr_decay_iters": 2, "lr_decay_samples": 2}, {"lr_decay_iters": 2.25}, [DECAY_BOTH]),
     ("decay samples over iters of a lower layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
      {**ARCH, "lr_decay_iters": 1, "lr_decay_samples": 2}, {"lr_decay_iters": 2.25}, []),
+    ("decay iters over samples of a lower layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
+     {**ARCH, "lr_decay_iters": 2, "lr_decay_samples": 1}, {"lr_decay_samples": None}, []),
     ("every problem, in order", {**FULL, "rampup_batch_size": (1, 1, 6), "lr_warmup_samples": 6, "lr_warmup_iters": 2,
                                  "lr_decay_samples": 9, "lr_decay_iters": 5},
      {"recompute_activations": 3, "recompute_granularity": 3, "lr_warmup_iters": 3, "lr_warmup_samples": 3,
@@ -509,3 +513,26 @@ def test_recompute_activations_against_a_full_granularity_the_higher_layer_wins(
     err = _refused([*base, "--config", str(tmp_path / "both.yaml")], capsys)
     assert _problems(err) == ["--recompute-activations means --recompute-granularity selective: drop one of them"]
     assert not (tmp_path / "r").exists()
+
+
+def test_sample_based_warmup_and_decay_against_iterations_the_higher_layer_wins(tmp_path, capsys):
+    """docs/ecosystem.md: --lr-warmup-samples / --lr-decay-samples with the iterations at the same layer exit 2, else
+    the higher layer wins (a config file's samples were applied over --lr-warmup-iters and --lr-decay-iters given on
+    the command line, which were silently ignored). The recipe's global batch is 8."""
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    (tmp_path / "samples.yaml").write_text("lr_warmup_samples: 16\nlr_decay_samples: 64\n")
+    args = parse_args([*base, "--config", str(tmp_path / "samples.yaml"), "--lr-warmup-iters", "1",
+                       "--lr-decay-iters", "5"])
+    assert (args.lr_warmup_iters, args.lr_warmup_samples, args.lr_decay_iters, args.lr_decay_samples) == (1, None, 5,
+                                                                                                          None)
+    args = parse_args([*base, "--config", str(tmp_path / "samples.yaml")])  # over the recipe's warm-up of 2 steps
+    assert (args.lr_warmup_iters, args.lr_warmup_samples, args.lr_decay_iters, args.lr_decay_samples) == (2.0, 16, 8.0,
+                                                                                                          64)
+    (tmp_path / "iters.yaml").write_text("lr_warmup_iters: 1\nlr_decay_iters: 5\n")
+    args = parse_args([*base, "--config", str(tmp_path / "iters.yaml"), "--lr-warmup-samples", "16",
+                       "--lr-decay-samples", "64"])
+    assert (args.lr_warmup_iters, args.lr_decay_iters) == (2.0, 8.0)
+    err = _refused([*base, "--lr-warmup-iters", "1", "--lr-warmup-samples", "16", "--lr-decay-iters", "5",
+                    "--lr-decay-samples", "64"], capsys)
+    assert _problems(err) == ["give --lr-warmup-iters or --lr-warmup-samples, not both",
+                              "give --lr-decay-iters or --lr-decay-samples, not both"]

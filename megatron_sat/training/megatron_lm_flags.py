@@ -207,14 +207,21 @@ def resolve(args: argparse.Namespace, level: dict) -> List[str]:
             else:
                 args.train_iters = rampup_iterations(args)
     # sample-based schedule: in steps of the full global batch, fractional as Megatron-LM's sample count allows
+    # given with the iterations at the same layer: refused; else the higher layer wins
     if args.lr_warmup_samples is not None:
         if level.get("lr_warmup_iters") and level.get("lr_warmup_iters") == level.get("lr_warmup_samples"):
             errors.append("give --lr-warmup-iters or --lr-warmup-samples, not both")
-        args.lr_warmup_iters, args.lr_warmup_fraction = args.lr_warmup_samples / gbs, None
+        if level.get("lr_warmup_iters", 0) > level.get("lr_warmup_samples", 0):
+            args.lr_warmup_samples = None
+        else:
+            args.lr_warmup_iters, args.lr_warmup_fraction = args.lr_warmup_samples / gbs, None
     if args.lr_decay_samples is not None:
         if level.get("lr_decay_iters") and level.get("lr_decay_iters") == level.get("lr_decay_samples"):
             errors.append("give --lr-decay-iters or --lr-decay-samples, not both")
-        args.lr_decay_iters = args.lr_decay_samples / gbs
+        if level.get("lr_decay_iters", 0) > level.get("lr_decay_samples", 0):
+            args.lr_decay_samples = None
+        else:
+            args.lr_decay_iters = args.lr_decay_samples / gbs
     return errors
 
 
