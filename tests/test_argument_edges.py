@@ -285,6 +285,7 @@ ARGUMENT_EDGES = [
     ("world refused first", dict(micro_batch_size=1, global_batch_size=3, tensor_model_parallel_size=2), 3,
      [WORLD.format(3, 2, 1, 1)]),
     ("one step", dict(train_iters=1), 1, []),
+    ("one step, a warm-up of it", dict(train_iters=1, lr_warmup_iters=1), 1, [WARMUP.format("--lr-warmup-iters 1", 1)]),
     ("no step", dict(train_iters=0), 1, ["--train-iters must be >= 1"]),  # not again as the warm-up's decay length
     ("no step, a negative warm-up", dict(train_iters=0, lr_warmup_iters=-1), 1,
      ["--train-iters must be >= 1", WARMUP.format("--lr-warmup-iters -1", 0)]),

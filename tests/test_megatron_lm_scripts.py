@@ -17,6 +17,7 @@ import pytest
 import torch
 from train_cli import ROOT, rows, train
 
+from megatron_sat.archs import ARCHS
 from megatron_sat.model.flops import peak_tflops_of
 from megatron_sat.training import megatron_lm_flags
 from megatron_sat.training.argument_checks import problems
@@ -369,3 +370,173 @@ def test_kernel_switches_are_accepted(tmp_path, flag):
 def test_recompute_modules_other_than_core_attn_are_refused(tmp_path, capsys):
     err = _refused([*llama(tmp_path), "--recompute-modules", "core_attn", "mlp"], capsys)
     assert "--recompute-modules core_attn mlp: selective recompute here recomputes core attention only" in err
+
+
+@pytest.mark.parametrize("values, gpu, fields", [
+    ({"cross_entropy_loss_fusion": True}, True, {"cross_entropy_loss_fusion": True}),
+    ({"cross_entropy_loss_fusion": True}, False, {}),
+    ({"cross_entropy_loss_fusion": False}, True, {}),
+    ({}, True, {}),  # a namespace from before the flag existed (an old run's config)
+])
+def test_the_fused_cross_entropy_is_asked_for_on_a_gpu_only(values, gpu, fields):
+    """--cross-entropy-loss-fusion sets the model's TransformerConfig field on a GPU (training/setup.py passes
+    torch.cuda.is_available()), nothing on CPU, where the unfused cross entropy computes the same loss; called with
+    the GPU's answer given, so both sides are checked here."""
+    assert megatron_lm_flags.config_fields(argparse.Namespace(**values), gpu=gpu) == fields
+
+
+def test_the_script_asks_for_the_fused_cross_entropy_on_a_gpu(tmp_path):
+    """The Llama script passes --cross-entropy-loss-fusion: the flag parses into the field the GPU's config reads."""
+    args = parse_args(llama(tmp_path))
+    assert args.cross_entropy_loss_fusion
+    assert megatron_lm_flags.config_fields(args, gpu=True) == {"cross_entropy_loss_fusion": True}
+    assert megatron_lm_flags.config_fields(args, gpu=False) == {}
+
+
+# resolve, called directly: a namespace holding exactly what it reads (the parser's defaults but a global batch of
+# 4), the layer each value came from (0 or absent: the built-in default, 1 recipe, 2 config file, 3 command line),
+# what it changes and its errors in their order
+RESOLVE_BASE = dict(split="98,2,0", recipe=None, config=None, recompute_activations=False, recompute_granularity=None,
+                    sequence_parallel=False, tensor_model_parallel_size=1, global_batch_size=4, rampup_batch_size=None,
+                    train_samples=None, train_iters=20, lr_warmup_samples=None, lr_warmup_iters=0,
+                    lr_warmup_fraction=None, lr_decay_samples=None, lr_decay_iters=None)
+ARCH = {"arch": 3}
+MODEL = ("which model? give --arch (one of " + ", ".join(ARCHS) + "), or a --recipe or --config that names one")
+RECOMPUTE = "--recompute-activations means --recompute-granularity selective: drop one of them"
+RAMP_NEEDS = ("--rampup-batch-size needs --train-samples (Megatron-LM refuses it with --train-iters: expected no "
+              "batch-size rampup for iteration-based training)")
+RAMP_BAD = ("--rampup-batch-size 3 2 2: need 1 <= START <= --global-batch-size 4, INCR >= 1 dividing the difference, "
+            "SAMPLES >= 0")
+WARMUP_BOTH = "give --lr-warmup-iters or --lr-warmup-samples, not both"
+DECAY_BOTH = "give --lr-decay-iters or --lr-decay-samples, not both"
+ACT, FULL = dict(recompute_activations=True), dict(recompute_activations=True, recompute_granularity="full")
+RESOLVE_EDGES = [
+    ("nothing to resolve", {}, ARCH, {}, []),
+    ("a split in quotes", {"split": "'99,1,0'"}, ARCH, {"split": "99,1,0"}, []),
+    ("a split in double quotes and spaces", {"split": ' "99,1,0" '}, ARCH, {"split": "99,1,0"}, []),
+    ("a split's typo kept for its refusal", {"split": "'98,2X'"}, ARCH, {"split": "98,2X"}, []),
+    ("no model", {}, {}, {}, [MODEL]),
+    ("the arch from a recipe", {}, {"arch": 1}, {}, []),
+    ("a recipe names the model", {"recipe": "debug_satformer"}, {}, {}, []),
+    ("a config file names the model", {"config": "run.yaml"}, {}, {}, []),
+    ("--recompute-activations", ACT, {**ARCH, "recompute_activations": 3}, {"recompute_granularity": "selective"}, []),
+    ("--recompute-activations of no layer", ACT, ARCH, {"recompute_granularity": "selective"}, []),
+    ("--recompute-activations over selective", {**ACT, "recompute_granularity": "selective"},
+     {**ARCH, "recompute_activations": 1, "recompute_granularity": 3}, {}, []),
+    ("recompute full at the same layer", FULL, {**ARCH, "recompute_activations": 3, "recompute_granularity": 3}, {},
+     [RECOMPUTE]),
+    ("recompute full at a higher layer", FULL, {**ARCH, "recompute_activations": 2, "recompute_granularity": 3}, {},
+     []),  # the higher layer wins (refused before: a config file's recompute could not be made full)
+    ("recompute full at a lower layer", FULL, {**ARCH, "recompute_activations": 3, "recompute_granularity": 2},
+     {"recompute_granularity": "selective"}, []),
+    ("recompute both of no layer", FULL, ARCH, {}, [RECOMPUTE]),
+    ("recompute full of no layer", FULL, {**ARCH, "recompute_activations": 1}, {"recompute_granularity": "selective"},
+     []),
+    ("recompute full alone", {"recompute_granularity": "full"}, ARCH, {}, []),
+    ("sequence parallel at TP1", {"sequence_parallel": True}, ARCH, {"sequence_parallel": False}, []),
+    ("sequence parallel at TP2", {"sequence_parallel": True, "tensor_model_parallel_size": 2}, ARCH, {}, []),
+    ("a ramp without --train-samples", {"rampup_batch_size": (1, 1, 6)}, ARCH, {}, [RAMP_NEEDS]),
+    ("a ramp counted", {"rampup_batch_size": (1, 1, 6), "train_samples": 20}, ARCH, {"train_iters": 7}, []),
+    ("a ramp refused", {"rampup_batch_size": (3, 2, 2), "train_samples": 20}, ARCH, {}, [RAMP_BAD]),
+    ("warm-up samples", {"lr_warmup_samples": 6, "lr_warmup_fraction": 0.1}, ARCH,
+     {"lr_warmup_iters": 1.5, "lr_warmup_fraction": None}, []),
+    ("warm-up samples and iters at one layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
+     {**ARCH, "lr_warmup_iters": 3, "lr_warmup_samples": 3}, {"lr_warmup_iters": 1.5}, [WARMUP_BOTH]),
+    ("warm-up samples over iters of a lower layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
+     {**ARCH, "lr_warmup_iters": 1, "lr_warmup_samples": 3}, {"lr_warmup_iters": 1.5}, []),
+    ("warm-up iters over samples of a lower layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
+     {**ARCH, "lr_warmup_iters": 3, "lr_warmup_samples": 2}, {"lr_warmup_samples": None}, []),
+    ("warm-up iters over samples of no layer", {"lr_warmup_samples": 6, "lr_warmup_iters": 2},
+     {**ARCH, "lr_warmup_iters": 1}, {"lr_warmup_samples": None}, []),
+    ("decay samples", {"lr_decay_samples": 9}, ARCH, {"lr_decay_iters": 2.25}, []),
+    ("decay samples and iters at one layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
+     {**ARCH, "lr_decay_iters": 2, "lr_decay_samples": 2}, {"lr_decay_iters": 2.25}, [DECAY_BOTH]),
+    ("decay samples over iters of a lower layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
+     {**ARCH, "lr_decay_iters": 1, "lr_decay_samples": 2}, {"lr_decay_iters": 2.25}, []),
+    ("decay iters over samples of a lower layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
+     {**ARCH, "lr_decay_iters": 2, "lr_decay_samples": 1}, {"lr_decay_samples": None}, []),
+    ("decay iters over samples of no layer", {"lr_decay_samples": 9, "lr_decay_iters": 5},
+     {**ARCH, "lr_decay_iters": 1}, {"lr_decay_samples": None}, []),
+    ("every problem, in order", {**FULL, "rampup_batch_size": (1, 1, 6), "lr_warmup_samples": 6, "lr_warmup_iters": 2,
+                                 "lr_decay_samples": 9, "lr_decay_iters": 5},
+     {"recompute_activations": 3, "recompute_granularity": 3, "lr_warmup_iters": 3, "lr_warmup_samples": 3,
+      "lr_decay_iters": 3, "lr_decay_samples": 3}, {"lr_warmup_iters": 1.5, "lr_decay_iters": 2.25},
+     [MODEL, RECOMPUTE, RAMP_NEEDS, WARMUP_BOTH, DECAY_BOTH]),
+]
+
+
+@pytest.mark.parametrize("name, values, level, changed, errors", RESOLVE_EDGES, ids=[r[0] for r in RESOLVE_EDGES])
+def test_resolve_at_its_edges(name, values, level, changed, errors):
+    """megatron_lm_flags.resolve on both sides of each of its conditions: its errors exactly, in order, and the
+    namespace afterwards exactly (what it sets, and nothing else)."""
+    args = argparse.Namespace(**{**RESOLVE_BASE, **values})
+    assert megatron_lm_flags.resolve(args, dict(level)) == errors
+    assert vars(args) == {**RESOLVE_BASE, **values, **changed}
+
+
+MOE = ("Mixture-of-Experts (MoE) is not supported here: the archs are dense ({}): drop the MoE flags to train the "
+       "dense model of the same shape")
+FSDP = ("Megatron-FSDP is not supported here ({}): drop its flags; --use-distributed-optimizer shards the optimizer "
+        "state over data parallelism")
+UNSUPPORTED_WORDS = [
+    ([], [], []),
+    (["--foo", "1"], [], ["--foo", "1"]),
+    (["--num-experts", "8"], [MOE.format("--num-experts 8")], []),
+    (["--num-experts=8"], [MOE.format("--num-experts=8")], []),  # the flag is the word up to its first "="
+    (["--use-megatron-fsdp=a=b"], [FSDP.format("--use-megatron-fsdp=a=b")], []),
+    (["--num-experts 8"], [], ["--num-experts 8"]),  # one word with a space (quoted in the script): no such flag
+    (["--moe-router-topk", "2"], [MOE.format("--moe-router-topk 2")], []),  # "--moe-": a prefix
+    (["--moe", "2"], [], ["--moe", "2"]),  # not under the prefix
+    (["--num-expertsx", "2"], [], ["--num-expertsx", "2"]),  # a whole flag: not a prefix
+    (["7", "--fsdp-double-buffer", "--foo", "x", "--num-experts", "8", "--use-nccl-ub", "--moe-grouped-gemm"],
+     [MOE.format("--num-experts 8 --moe-grouped-gemm"), FSDP.format("--fsdp-double-buffer --use-nccl-ub")],
+     ["7", "--foo", "x"]),  # a word before any flag is left; the problems in UNSUPPORTED's order
+]
+
+
+@pytest.mark.parametrize("words, found, rest", UNSUPPORTED_WORDS, ids=[" ".join(r[0]) or "none" for r in UNSUPPORTED_WORDS])
+def test_unsupported_features_named_with_their_words(words, found, rest):
+    """megatron_lm_flags.unsupported on argparse's unrecognized words: one problem per feature naming its flags with
+    their values, exactly; the other words left for 'unrecognized arguments'."""
+    assert megatron_lm_flags.unsupported(words) == (found, rest)
+
+
+def test_recompute_activations_against_a_full_granularity_the_higher_layer_wins(tmp_path, capsys):
+    """docs/ecosystem.md: --recompute-activations with --recompute-granularity full at the same layer exits 2, else
+    the higher layer wins: a run's config file with recompute on takes --recompute-granularity full from the command
+    line (refused before, with no way to drop the file's flag there), and --recompute-activations over a file's full."""
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    (tmp_path / "act.yaml").write_text("recompute_activations: true\nrecompute_granularity: selective\n")
+    args = parse_args([*base, "--config", str(tmp_path / "act.yaml"), "--recompute-granularity", "full"])
+    assert (args.recompute_activations, args.recompute_granularity) == (True, "full")
+    assert parse_args([*base, "--config", str(tmp_path / "act.yaml")]).recompute_granularity == "selective"
+    (tmp_path / "full.yaml").write_text("recompute_granularity: full\n")
+    assert parse_args([*base, "--config", str(tmp_path / "full.yaml"),
+                       "--recompute-activations"]).recompute_granularity == "selective"
+    (tmp_path / "both.yaml").write_text("recompute_activations: true\nrecompute_granularity: full\n")
+    err = _refused([*base, "--config", str(tmp_path / "both.yaml")], capsys)
+    assert _problems(err) == ["--recompute-activations means --recompute-granularity selective: drop one of them"]
+    assert not (tmp_path / "r").exists()
+
+
+def test_sample_based_warmup_and_decay_against_iterations_the_higher_layer_wins(tmp_path, capsys):
+    """docs/ecosystem.md: --lr-warmup-samples / --lr-decay-samples with the iterations at the same layer exit 2, else
+    the higher layer wins (a config file's samples were applied over --lr-warmup-iters and --lr-decay-iters given on
+    the command line, which were silently ignored). The recipe's global batch is 8."""
+    base = ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+    (tmp_path / "samples.yaml").write_text("lr_warmup_samples: 16\nlr_decay_samples: 64\n")
+    args = parse_args([*base, "--config", str(tmp_path / "samples.yaml"), "--lr-warmup-iters", "1",
+                       "--lr-decay-iters", "5"])
+    assert (args.lr_warmup_iters, args.lr_warmup_samples, args.lr_decay_iters, args.lr_decay_samples) == (1, None, 5,
+                                                                                                          None)
+    args = parse_args([*base, "--config", str(tmp_path / "samples.yaml")])  # over the recipe's warm-up of 2 steps
+    assert (args.lr_warmup_iters, args.lr_warmup_samples, args.lr_decay_iters, args.lr_decay_samples) == (2.0, 16, 8.0,
+                                                                                                          64)
+    (tmp_path / "iters.yaml").write_text("lr_warmup_iters: 1\nlr_decay_iters: 5\n")
+    args = parse_args([*base, "--config", str(tmp_path / "iters.yaml"), "--lr-warmup-samples", "16",
+                       "--lr-decay-samples", "64"])
+    assert (args.lr_warmup_iters, args.lr_decay_iters) == (2.0, 8.0)
+    err = _refused([*base, "--lr-warmup-iters", "1", "--lr-warmup-samples", "16", "--lr-decay-iters", "5",
+                    "--lr-decay-samples", "64"], capsys)
+    assert _problems(err) == ["give --lr-warmup-iters or --lr-warmup-samples, not both",
+                              "give --lr-decay-iters or --lr-decay-samples, not both"]

@@ -187,11 +187,11 @@ def resolve(args: argparse.Namespace, level: dict) -> List[str]:
         # would train SATFormer); a recipe or config file without an arch keeps the default, as it always did
         errors.append("which model? give --arch (one of " + ", ".join(ARCHS) + "), or a --recipe or --config that "
                       "names one")
-    if args.recompute_activations:
-        if args.recompute_granularity == "full" and level.get("recompute_granularity", 0) >= level.get(
-                "recompute_activations", 0):
+    if args.recompute_activations:  # with a full granularity: refused at the same layer, else the higher one wins
+        full_at = level.get("recompute_granularity", 0) if args.recompute_granularity == "full" else -1
+        if full_at == level.get("recompute_activations", 0):
             errors.append("--recompute-activations means --recompute-granularity selective: drop one of them")
-        else:
+        elif full_at < level.get("recompute_activations", 0):
             args.recompute_granularity = "selective"
     if args.sequence_parallel and args.tensor_model_parallel_size == 1:
         args.sequence_parallel = False  # as Megatron-LM: sequence parallelism splits what TP shares; none at TP1
@@ -207,14 +207,21 @@ def resolve(args: argparse.Namespace, level: dict) -> List[str]:
             else:
                 args.train_iters = rampup_iterations(args)
     # sample-based schedule: in steps of the full global batch, fractional as Megatron-LM's sample count allows
+    # given with the iterations at the same layer: refused; else the higher layer wins
     if args.lr_warmup_samples is not None:
         if level.get("lr_warmup_iters") and level.get("lr_warmup_iters") == level.get("lr_warmup_samples"):
             errors.append("give --lr-warmup-iters or --lr-warmup-samples, not both")
-        args.lr_warmup_iters, args.lr_warmup_fraction = args.lr_warmup_samples / gbs, None
+        if level.get("lr_warmup_iters", 0) > level.get("lr_warmup_samples", 0):
+            args.lr_warmup_samples = None
+        else:
+            args.lr_warmup_iters, args.lr_warmup_fraction = args.lr_warmup_samples / gbs, None
     if args.lr_decay_samples is not None:
         if level.get("lr_decay_iters") and level.get("lr_decay_iters") == level.get("lr_decay_samples"):
             errors.append("give --lr-decay-iters or --lr-decay-samples, not both")
-        args.lr_decay_iters = args.lr_decay_samples / gbs
+        if level.get("lr_decay_iters", 0) > level.get("lr_decay_samples", 0):
+            args.lr_decay_samples = None
+        else:
+            args.lr_decay_iters = args.lr_decay_samples / gbs
     return errors
 
 
