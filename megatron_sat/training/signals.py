@@ -113,7 +113,8 @@ def _manager_init() -> None:
 class PickledQueue:
     """A Manager queue whose items the callers pickle: the server holds bytes, never the write results themselves,
     so it never imports torch to unpickle them (seconds of CPU at each rank's first save, tens under load). The
-    server process itself imports only this module (no megatron-core: spawn imports the initializer's module).
+    server process imports this module (the initializer's) and runs the top of the main module (train.py's parses
+    arguments only): no megatron-core, no torch.
     Megatron-Core calls put and get_nowait; get and empty are here for completeness."""
 
     def __init__(self, queue):
