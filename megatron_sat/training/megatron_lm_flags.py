@@ -206,22 +206,20 @@ def resolve(args: argparse.Namespace, level: dict) -> List[str]:
                 errors.append(problem)
             else:
                 args.train_iters = rampup_iterations(args)
-    # sample-based schedule: in steps of the full global batch, fractional as Megatron-LM's sample count allows
+    # sample-based schedule: in steps of the full global batch, fractional as Megatron-LM's sample count allows;
     # given with the iterations at the same layer: refused; else the higher layer wins
-    if args.lr_warmup_samples is not None:
-        if level.get("lr_warmup_iters") and level.get("lr_warmup_iters") == level.get("lr_warmup_samples"):
-            errors.append("give --lr-warmup-iters or --lr-warmup-samples, not both")
-        if level.get("lr_warmup_iters", 0) > level.get("lr_warmup_samples", 0):
-            args.lr_warmup_samples = None
-        else:
-            args.lr_warmup_iters, args.lr_warmup_fraction = args.lr_warmup_samples / gbs, None
-    if args.lr_decay_samples is not None:
-        if level.get("lr_decay_iters") and level.get("lr_decay_iters") == level.get("lr_decay_samples"):
-            errors.append("give --lr-decay-iters or --lr-decay-samples, not both")
-        if level.get("lr_decay_iters", 0) > level.get("lr_decay_samples", 0):
-            args.lr_decay_samples = None
-        else:
-            args.lr_decay_iters = args.lr_decay_samples / gbs
+    for phase in ("warmup", "decay"):
+        iters, samples = f"lr_{phase}_iters", f"lr_{phase}_samples"
+        if getattr(args, samples) is None:
+            continue
+        if level.get(iters) and level.get(iters) == level.get(samples):
+            errors.append(f"give --lr-{phase}-iters or --lr-{phase}-samples, not both")
+        if level.get(iters, 0) > level.get(samples, 0):
+            setattr(args, samples, None)
+            continue
+        setattr(args, iters, getattr(args, samples) / gbs)
+        if phase == "warmup":
+            args.lr_warmup_fraction = None  # the samples fix the warm-up
     return errors
 
 
