@@ -18,6 +18,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from closeness import LOSS, SAME_LOGITS, rel_max
 from dist_utils import run_distributed
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -30,8 +31,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "workers", "published.py")
 sys.path.insert(0, os.path.join(HERE, "workers"))
 from published import SEQ, SOURCES, VOCAB, tokens  # noqa: E402
-
-REL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +53,6 @@ def _logits(folder):
         return model(tokens()).logits.float()
 
 
-def _rel(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 @pytest.mark.parametrize("name", SOURCES)
 def test_import_round_trip_is_identical_and_logits_equal_transformers(built, name):
     d = os.path.join(built["root"], name)
@@ -70,10 +65,10 @@ def test_import_round_trip_is_identical_and_logits_equal_transformers(built, nam
     assert cfg["architectures"] == [want] and ("auto_map" in cfg) == (name == "qwen3")
     assert (cfg["head_dim"], cfg["num_key_value_heads"], cfg["tie_word_embeddings"], cfg["rope_theta"],
             cfg["rms_norm_eps"]) == (16, 2, False, 500000.0, 1e-6 if name == "qwen3" else 1e-5)
-    assert built["reference"][f"{name}/T"] <= REL  # the imported Megatron model vs the export, in transformers
+    assert built["reference"][f"{name}/T"] <= SAME_LOGITS  # the imported Megatron model vs the export, in transformers
     # the import's recorded flag, which the trainer builds from (the weights alone round-trip with it inverted)
     assert json.load(open(os.path.join(d, "T", "config.json")))["untie_embeddings_and_output_weights"] is True
-    assert _rel(_logits(os.path.join(d, "HF_T")), built["reference"][name]) <= REL
+    assert rel_max(_logits(os.path.join(d, "HF_T")), built["reference"][name]) <= SAME_LOGITS
 
 
 @pytest.mark.parametrize("name", SOURCES)
@@ -86,8 +81,8 @@ def test_satformer_from_the_transformer_equals_it_at_step_0(built, name):
     weights = load_file(os.path.join(d, "HF_S", "model.safetensors"))
     gates = [v for k, v in weights.items() if k.endswith("alpha_proj.weight")]
     assert len(gates) == 3 and all(g.shape == (2, 48) and not g.any() for g in gates)  # layers 2..4 mix V1
-    assert built["reference"][f"{name}/S"] <= REL  # Megatron's SATFormer vs its export
-    assert _rel(_logits(os.path.join(d, "HF_S")), built["reference"][name]) <= REL
+    assert built["reference"][f"{name}/S"] <= SAME_LOGITS  # Megatron's SATFormer vs its export
+    assert rel_max(_logits(os.path.join(d, "HF_S")), built["reference"][name]) <= SAME_LOGITS
 
 
 @pytest.mark.parametrize("name", SOURCES)
@@ -98,8 +93,8 @@ def test_tp2_pp2_training_from_the_import(built, name):
     first = _trained(built, name, dict(arch="transformer", head_dim=16, qk_layernorm=name == "qwen3", untied=True,
                                        rotary_base=500000, fused_gate=False))
     theirs = _source_loss(d)
-    assert abs(first - theirs) <= REL * theirs, (first, theirs)
-    assert built["exported"][name] <= REL
+    assert abs(first - theirs) <= LOSS * theirs, (first, theirs)
+    assert built["exported"][name] <= SAME_LOGITS
     trained = load_file(os.path.join(d, "HF_T3", "model.safetensors"))
     source = load_file(os.path.join(d, "hf", "model.safetensors"))
     assert not torch.equal(trained["lm_head.weight"], source["lm_head.weight"])
@@ -111,7 +106,7 @@ def test_satformer_from_qwen3_trains_at_tp2_pp2(built):
     first = _trained(built, "qwen3/S", dict(arch="satformer", head_dim=16, qk_layernorm=True, untied=True,
                                             rotary_base=500000, fused_gate=True))
     theirs = _source_loss(os.path.join(built["root"], "qwen3"))
-    assert abs(first - theirs) <= REL * theirs, (first, theirs)
+    assert abs(first - theirs) <= LOSS * theirs, (first, theirs)
 
 
 def _trained(built, key, facts) -> float:
@@ -141,7 +136,7 @@ def test_every_arch_takes_a_published_shape(built):
     archs = built["exported"]["archs"]
     assert len(archs) == 12
     for case, (rel, round_trip) in archs.items():
-        assert rel <= REL and round_trip, (case, rel)
+        assert rel <= SAME_LOGITS and round_trip, (case, rel)
 
 
 def test_import_refusals(built, tmp_path):

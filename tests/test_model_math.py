@@ -31,6 +31,8 @@ import math
 
 import pytest
 import torch
+from closeness import EXPORT_LOGITS, LOGLIKELIHOOD, LOSS, ROLLING, SAME_LOGITS
+from closeness import rel_max as _rel
 from dist_utils import init_megatron, run_distributed
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -38,6 +40,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from reference_formulas import GATES, reference_logits
 
 from megatron_sat.archs import ffn_size
+from megatron_sat.conversion.export import VERIFY_REL, verify_failure
 from megatron_sat.model.config import make_config
 from megatron_sat.model.core_attention import SDPAttention
 from megatron_sat.model.fused_gate import unfused_weights
@@ -67,10 +70,6 @@ VARIANTS = {
     "hyperconnections_static": dict(arch="hyperconnections", hc_dynamic=False),
 }
 assert {v.get("value_residual_gate", "relu") for v in VARIANTS.values() if v["arch"] == "satformer"} == set(GATES)
-
-
-def _rel(got, want):
-    return ((got - want).abs().max() / want.abs().max()).item()
 
 
 def _gradient_errors(model, tokens, pos, cfg, g):
@@ -289,6 +288,35 @@ def test_each_bound_fails_one_step_outside():
         got[0, 0] = k * 2.0**-13
         assert got[0, 0].bfloat16().float() == got[0, 0]  # a bf16 value
         assert (_rel(got, want) <= SDPA_RTOL["bfloat16"]) == inside, (k, _rel(got, want))
+
+
+def test_the_conversion_and_lm_eval_bounds_fail_one_step_outside():
+    """The bounds of closeness.py (the conversion, published-shape, RoPE-scaling and lm-eval tests read them) and
+    convert_to_hf --verify's, at their edge: 0.99 of a bound passes and 1.01 fails, through the measure each test
+    uses (rel_max; pytest.approx for lm-eval's figures, absolute below 1 in size and relative above). NaN fails
+    --verify."""
+    g = torch.Generator().manual_seed(0)
+    want = torch.randn(3, 16, generator=g)  # float32, as the conversions compare
+    want[0, 0] = 0.0
+    for bound in (EXPORT_LOGITS, SAME_LOGITS, VERIFY_REL):
+        for by, inside in ((0.99, True), (1.01, False)):
+            got = want.clone()
+            got[0, 0] = by * bound * want.abs().max()
+            assert (_rel(got, want) <= bound) == inside, (bound, by, _rel(got, want))
+            assert (verify_failure(by * VERIFY_REL) is None) == inside, by
+    assert EXPORT_LOGITS == VERIFY_REL  # the status row's 1e-4 is the tool's
+    assert verify_failure(float("nan")) == ("the export's logits differ from the checkpoint's (relative nan, more "
+                                            "than 0.0001)")
+    for want_value, step in ((-0.5, 1e-5), (-0.999, 1e-5), (-40.0, 40 * 1e-5)):  # absolute below 1, relative above
+        for by, inside in ((0.99, True), (1.01, False)):
+            assert (want_value - by * step == pytest.approx(want_value, **LOGLIKELIHOOD)) == inside, (want_value, by)
+    for want_value in (-40.0, -2000.0):  # rolling sums and the HF backend's: relative alone
+        for by, inside in ((0.99, True), (1.01, False)):
+            got = want_value * (1 + by * ROLLING["rel"])
+            assert (got == pytest.approx(want_value, **ROLLING)) == inside, (want_value, by)
+    for by, inside in ((0.99, True), (1.01, False)):  # a first loss against transformers' (the published test's form)
+        theirs = 5.5
+        assert (abs(theirs * (1 + by * LOSS) - theirs) <= LOSS * theirs) == inside, by
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+from closeness import SAME_LOGITS, rel_max
 
 from megatron_sat.conversion.mapping import spec_from_hf_config
 from megatron_sat.model.args import ModelArgs, rope_scaling_errors
@@ -30,7 +31,6 @@ sys.path.insert(0, os.path.join(HERE, "workers"))
 from rope_scaling import LLAMA, POSITIONS, REFUSED, SCALING, SEQ, VOCAB  # noqa: E402
 
 TRANSFORMERS4 = os.path.join(sys.prefix, "transformers4")  # make venv: transformers 4.57.1 installed aside
-REL = 1e-5
 
 
 def _env():
@@ -62,20 +62,16 @@ def done(tmp_path_factory):
             t4.kill()
 
 
-def _rel(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 def test_import_train_export_match_transformers_past_the_original_context(done):
     """Megatron's import (and the SATFormer started from it, zero gate) computes transformers' logits at 3.5x the
     original context; after 2 steps the export computes the trained Megatron model's; both configs say so."""
     reference = done["reference"]
     assert reference.shape[1] == SEQ > 3 * SCALING["original_max_position_embeddings"]
-    assert _rel(done["unscaled"], reference) > 1e-2, "the scaling does not change the logits: the test sees nothing"
-    assert _rel(done["imported"], reference) <= REL
-    assert _rel(done["satformer"], reference) <= REL
-    assert _rel(done["exported"], done["trained"]) <= REL
-    assert _rel(done["trained"], reference) > 1e-4, "2 training steps changed nothing"
+    assert rel_max(done["unscaled"], reference) > 1e-2, "the scaling does not change the logits: the test sees nothing"
+    assert rel_max(done["imported"], reference) <= SAME_LOGITS
+    assert rel_max(done["satformer"], reference) <= SAME_LOGITS
+    assert rel_max(done["exported"], done["trained"]) <= SAME_LOGITS
+    assert rel_max(done["trained"], reference) > 1e-4, "2 training steps changed nothing"
     model = done["import_config"]["model"]
     assert (model["use_rope_scaling"], model["rope_scaling_factor"], model["rope_scaling_low_freq_factor"],
             model["rope_scaling_high_freq_factor"], model["rope_scaling_original_max_position_embeddings"]) == (
@@ -104,7 +100,7 @@ def test_export_under_transformers4(done):
         pytest.skip(f"{TRANSFORMERS4} is missing (make venv)")
     got = done["t4"]
     assert got["version"].startswith("4.")
-    assert _rel(got["logits"], done["trained"]) <= REL
+    assert rel_max(got["logits"], done["trained"]) <= SAME_LOGITS
 
 
 def test_import_writes_placeholders_and_prints_the_next_step(done, tmp_path, capsys):

@@ -37,6 +37,7 @@ from megatron_sat.outputs import check_output
 from megatron_sat.training import run_paths
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+VERIFY_REL = 1e-4  # --verify: the export's float32 logits within this of the checkpoint's (verify_export's measure)
 
 
 def check_gate_matches_authors(spec: ModelSpec) -> None:
@@ -170,3 +171,10 @@ def verify_export(model, hf_dir: str, spec: ModelSpec, seq: int = 16, batch: int
         ours = model(tokens, torch.arange(seq)[None].expand(batch, seq), None).float()
         theirs = hf(tokens).logits.float()
     return ((ours - theirs).abs().max() / ours.abs().max()).item()
+
+
+def verify_failure(rel: float) -> Optional[str]:
+    """What --verify reports for verify_export's figure: None within VERIFY_REL, else one line (NaN fails too)."""
+    if rel <= VERIFY_REL:
+        return None
+    return f"the export's logits differ from the checkpoint's (relative {rel:.2e}, more than {VERIFY_REL:g})"
