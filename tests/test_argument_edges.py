@@ -10,9 +10,11 @@ fails a row here.
 """
 
 import argparse
-import importlib.util
+import json
 import os
+import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -22,6 +24,7 @@ from megatron_sat.training.run_folder import TRACKER
 
 TINY = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--train-iters", "2", "--global-batch-size", "2", "--mock-data", "--vocab-size", "64"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DROP = object()  # a value that removes the attribute (a namespace written before the flag existed)
 
 
@@ -375,21 +378,55 @@ def test_the_inputs_are_checked_unless_left_out(tmp_path):
     assert str(e.value) == "invalid arguments:\n  " + WORLD.format(3, 2, 1, 1)
 
 
-@pytest.mark.parametrize("package, values, line", [
-    ("tensorboard", dict(tensorboard_dir="{tmp}/tb"),
-     "--tensorboard-dir needs the tensorboard package: pip install tensorboard (in the train extra of megatron-sat)"),
-    ("lm_eval", dict(eval_tasks="x", tokenizer_model="tok"), '--eval-tasks needs lm-eval: pip install "lm-eval[hf]==0.4.13"'),
-])
-def test_a_missing_package_is_named_with_its_install(tmp_path, monkeypatch, package, values, line):
-    """An option whose package is not installed is refused with the pip command (inputs=False leaves it out). None in
-    sys.modules is Python's own import block: `import package` raises ImportError, find_spec answers None (no
-    stand-in object)."""
-    args = at(base(tmp_path), values, tmp=str(tmp_path))
-    assert checks.argument_errors(args, 1) == []
-    monkeypatch.setitem(sys.modules, package, None)
-    assert importlib.util.find_spec(package) is None
-    assert checks.argument_errors(args, 1) == [line]
-    assert checks.argument_errors(args, 1, inputs=False) == []
+TB_LINE = "--tensorboard-dir needs the tensorboard package: pip install tensorboard (in the train extra of megatron-sat)"
+LM_EVAL_LINE = '--eval-tasks needs lm-eval: pip install "lm-eval[hf]==0.4.13"'
+WITHOUT = """
+import argparse, contextlib, importlib.util, io, json, sys
+from megatron_sat.training import argument_checks as checks
+from megatron_sat.training.arguments import parse_args
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    try:
+        parse_args(sys.argv[1:])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+args = argparse.Namespace(**json.loads(sys.stdin.read()))
+print(json.dumps(dict(code=code, stderr=err.getvalue(), found=[importlib.util.find_spec(p) is not None for p in
+                  ("tensorboard", "lm_eval", "torch", "megatron.core")],
+                  inputs=checks.argument_errors(args, 1), no_inputs=checks.argument_errors(args, 1, inputs=False))))
+"""
+
+
+def test_a_missing_package_is_named_with_its_install(tmp_path):
+    """An option whose package is not installed is refused with the pip command, in a real environment without the
+    packages: a venv (python -m venv --without-pip) whose site-packages links every entry of this one's but
+    tensorboard's and lm-eval's, the lm-eval registration hook included (the interpreter still starts). There the
+    trainer's parse_args refuses both options in one line, exit 2, nothing written; inputs=False (plan-layout, the dry
+    run) leaves both out. Here, with both installed, the same arguments are accepted."""
+    venv, run = tmp_path / "venv", tmp_path / "run"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    ours = sysconfig.get_paths()["purelib"]
+    theirs = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    left_out = [n for n in os.listdir(ours) if n.split("-")[0] in ("tensorboard", "tensorboard_data_server", "lm_eval")]
+    assert len(left_out) == 6, left_out  # the three packages and their dist-info
+    for name in set(os.listdir(ours)) - set(left_out) - set(os.listdir(theirs)):
+        os.symlink(os.path.join(ours, name), os.path.join(theirs, name))
+    argv = [*TINY, "--save", str(run), "--tensorboard-dir", str(tmp_path / "tb"), "--eval-tasks", "x",
+            "--tokenizer-model", "tok"]
+    args = at(base(tmp_path), dict(tensorboard_dir=str(tmp_path / "tb"), eval_tasks="x", tokenizer_model="tok"))
+    assert checks.argument_errors(args, 1) == checks.argument_errors(args, 1, inputs=False) == []  # both installed
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", WITHOUT, *argv], input=json.dumps(vars(args)),
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["found"] == [False, False, True, True]
+    lines = out["stderr"].strip().splitlines()
+    assert out["code"] == 2 and len(lines) == 1 and sorted(checks.problems(lines[0])) == [LM_EVAL_LINE, TB_LINE], out
+    assert sorted(out["inputs"]) == [LM_EVAL_LINE, TB_LINE] and out["no_inputs"] == []
+    assert not run.exists()
 
 
 # --eval-tasks and its companions (eval_tasks_errors): (name, values, inputs, lines); on TINY (--mock-data, no
