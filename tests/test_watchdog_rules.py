@@ -62,13 +62,15 @@ def _error_of(work) -> BaseException:
 
 
 def test_a_collective_that_timed_out_is_a_hang_and_a_peer_that_died_is_not():
-    """Rank 0's all-reduce alone: after the group's timeout, gloo's "Timed out waiting 200ms for recv operation"
+    """Rank 0's all-reduce alone: after the group's timeout, gloo's "Timed out waiting 1000ms for recv operation"
     (a hang: the watchdog reports it); rank 1's group closed during it: "Connection closed by peer" or "reset by
     peer" (an error). The NCCL texts (torch's ProcessGroupNCCL, as DistBackendError) are hangs; a timeout that is no
     collective's (a socket's TimeoutError) is not."""
-    groups = _gloo_pair(200)  # rank 1's group held (alive), never joining the all-reduce
+    # rank 1's group held (alive), never joining the all-reduce; the timeout is also the ranks' time to connect: 1 s,
+    # ample on a loaded machine
+    groups = _gloo_pair(1000)
     timed_out = _error_of(groups[0].allreduce([torch.ones(4)]))
-    assert "Timed out waiting 200ms for recv operation" in str(timed_out) and is_collective_timeout(timed_out)
+    assert "Timed out waiting 1000ms for recv operation" in str(timed_out) and is_collective_timeout(timed_out)
     groups = _gloo_pair(30_000)
     work = groups[0].allreduce([torch.ones(4)])
     del groups[1]  # its sockets close: rank 1 died
