@@ -47,6 +47,8 @@ def check_pin(path: str, name: str, values: dict, job: Optional[str] = None) -> 
     try:
         with open(path) as f:
             pin = json.load(f)
+        if not isinstance(pin, dict):  # JSON, but not a pin (edited by hand): refused as unreadable, not a traceback
+            raise ValueError(f"not a JSON object but {type(pin).__name__}")
     except FileNotFoundError:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_durably(path, json.dumps(dict(run=name, job=job, pinned=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -69,7 +69,10 @@ def _describe(diffs, args) -> str:
     for field, flag, old, new in diffs:
         if field == "lr_decay_steps" and not args.lr_decay_iters:
             flag = "decay length (--train-iters)"
-        out.append(f"{flag} {_fmt(new)} (checkpoint: {_fmt(old)})")
+        shown = (_fmt(new), _fmt(old))
+        if shown[0] == shown[1]:  # past the tolerance, within 6 digits: in full, or the line names no difference
+            shown = (repr(new), repr(old))
+        out.append(f"{flag} {shown[0]} (checkpoint: {shown[1]})")
     return ", ".join(out)
 
 
