@@ -37,15 +37,15 @@ def test_the_watchdog_fires_before_a_collective_times_out_whichever_timeout_is_g
     assert 60 * t + Watchdog("/nonexistent", 0, 1, 60 * t).interval_s > 60 * m * 0.88, (t, m)
 
 
-def _gloo_pair(timeout_ms: int) -> dict:
+def _gloo_pair() -> dict:
     """{rank: group} of a real two-rank gloo group on 127.0.0.1, both ranks in this process (made in two threads, as
-    each waits for the other)."""
+    each waits for the other; 60 s to connect on a loaded machine)."""
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     groups = {}
 
     def make(rank):
         rank_store = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, 2, False)
-        groups[rank] = dist.ProcessGroupGloo(rank_store, rank, 2, datetime.timedelta(milliseconds=timeout_ms))
+        groups[rank] = dist.ProcessGroupGloo(rank_store, rank, 2, datetime.timedelta(seconds=60))
 
     threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -66,12 +66,13 @@ def test_a_collective_that_timed_out_is_a_hang_and_a_peer_that_died_is_not():
     (a hang: the watchdog reports it); rank 1's group closed during it: "Connection closed by peer" or "reset by
     peer" (an error). The NCCL texts (torch's ProcessGroupNCCL, as DistBackendError) are hangs; a timeout that is no
     collective's (a socket's TimeoutError) is not."""
-    # rank 1's group held (alive), never joining the all-reduce; the timeout is also the ranks' time to connect: 1 s,
-    # ample on a loaded machine
-    groups = _gloo_pair(1000)
-    timed_out = _error_of(groups[0].allreduce([torch.ones(4)]))
+    # rank 1's group held (alive), never joining the all-reduce, whose own timeout is 1 s (the group's is for connecting)
+    groups = _gloo_pair()
+    within = dist.AllreduceOptions()
+    within.timeout = datetime.timedelta(milliseconds=1000)
+    timed_out = _error_of(groups[0].allreduce([torch.ones(4)], within))
     assert "Timed out waiting 1000ms for recv operation" in str(timed_out) and is_collective_timeout(timed_out)
-    groups = _gloo_pair(30_000)
+    groups = _gloo_pair()
     work = groups[0].allreduce([torch.ones(4)])
     del groups[1]  # its sockets close: rank 1 died
     closed = _error_of(work)  # which of the two gloo says depends on which socket event it sees first

@@ -45,4 +45,5 @@ out.update(problems=integrity.find_problems(folder, manifest), alone=integrity.f
 torch.distributed.barrier()
 if rank == 0:
     out["verify_last"] = refusal(False)  # rank 1 has left the group: nothing collective may be asked of it
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+torch.distributed.destroy_process_group()  # before exit: a gloo group left to interpreter shutdown can abort (SIGABRT)
