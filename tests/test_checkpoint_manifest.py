@@ -84,9 +84,13 @@ def test_the_manifest_lists_every_file_of_the_folder(tmp_path, monkeypatch):
     assert integrity._my_share(names, 0, 1) == names
 
 
+SHAPE = '"files" is not a mapping of file name to [size, digest]'
+
+
 def test_a_folder_without_a_manifest_is_not_verified_and_an_unreadable_one_is_refused(tmp_path):
     """No manifest.json (a checkpoint from before manifests): None, verify() False. One that does not parse, or
-    lacks "files" or "algorithm", or is not an object: CorruptCheckpoint naming it."""
+    lacks "files" or "algorithm", or is not an object, or whose "files" is not a mapping of name to [size, digest]
+    (edited by hand): CorruptCheckpoint naming it, never a TypeError from the check."""
     (tmp_path / "a").mkdir()
     assert integrity.read_manifest(str(tmp_path / "a")) is None and integrity.verify(str(tmp_path / "a")) is False
     (tmp_path / "a" / "manifest.json").mkdir()  # not a file: not a manifest
@@ -95,7 +99,13 @@ def test_a_folder_without_a_manifest_is_not_verified_and_an_unreadable_one_is_re
     path.parent.mkdir()
     for text, why in (("{", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
                       ('{"algorithm": "xxh3_128"}', "'files'"), ('{"files": {}}', "'algorithm'"),
-                      ("[]", "list indices must be integers or slices, not str")):
+                      ("[]", "list indices must be integers or slices, not str"),
+                      ('{"files": [], "algorithm": "blake2b"}', SHAPE), ('{"files": {"a": 1}, "algorithm": "blake2b"}', SHAPE),
+                      ('{"files": {"a": [1]}, "algorithm": "blake2b"}', SHAPE),
+                      ('{"files": {"a": [1, "d", 2]}, "algorithm": "blake2b"}', SHAPE),
+                      ('{"files": {"a": ["1", "d"]}, "algorithm": "blake2b"}', SHAPE),
+                      ('{"files": {"a": [true, "d"]}, "algorithm": "blake2b"}', SHAPE),
+                      ('{"files": {"a": [1, 2]}, "algorithm": "blake2b"}', SHAPE)):
         path.write_text(text)
         with pytest.raises(CorruptCheckpoint) as refused:
             integrity.verify(str(path.parent))

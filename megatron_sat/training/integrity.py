@@ -119,8 +119,10 @@ def read_manifest(directory: str) -> Optional[dict]:
     try:
         with open(path) as f:
             manifest = json.load(f)
-        manifest["files"]
-        manifest["algorithm"]
+        files, _ = manifest["files"], manifest["algorithm"]
+        if not isinstance(files, dict) or not all(isinstance(v, list) and len(v) == 2 and type(v[0]) is int
+                                                  and isinstance(v[1], str) for v in files.values()):
+            raise ValueError('"files" is not a mapping of file name to [size, digest]')  # edited by hand
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(f"{path} is unreadable ({e}); the checkpoint cannot be verified") from None
     return manifest
