@@ -12,11 +12,10 @@ fails a row here.
 import argparse
 import json
 import os
-import subprocess
-import sys
-import sysconfig
 
 import pytest
+from venv_without import run as run_in
+from venv_without import venv_without
 
 from megatron_sat.training import argument_checks as checks
 from megatron_sat.training.arguments import parse_args
@@ -24,7 +23,6 @@ from megatron_sat.training.run_folder import TRACKER
 
 TINY = ["--arch", "satformer", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--train-iters", "2", "--global-batch-size", "2", "--mock-data", "--vocab-size", "64"]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DROP = object()  # a value that removes the attribute (a namespace written before the flag existed)
 
 
@@ -404,22 +402,13 @@ def test_a_missing_package_is_named_with_its_install(tmp_path):
     tensorboard's and lm-eval's, the lm-eval registration hook included (the interpreter still starts). There the
     trainer's parse_args refuses both options in one line, exit 2, nothing written; inputs=False (plan-layout, the dry
     run) leaves both out. Here, with both installed, the same arguments are accepted."""
-    venv, run = tmp_path / "venv", tmp_path / "run"
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    ours = sysconfig.get_paths()["purelib"]
-    theirs = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    left_out = [n for n in os.listdir(ours) if n.split("-")[0] in ("tensorboard", "tensorboard_data_server", "lm_eval")]
-    assert len(left_out) == 6, left_out  # the three packages and their dist-info
-    for name in set(os.listdir(ours)) - set(left_out) - set(os.listdir(theirs)):
-        os.symlink(os.path.join(ours, name), os.path.join(theirs, name))
+    run = tmp_path / "run"
+    python = venv_without(tmp_path / "venv", "tensorboard", "tensorboard_data_server", "lm_eval")
     argv = [*TINY, "--save", str(run), "--tensorboard-dir", str(tmp_path / "tb"), "--eval-tasks", "x",
             "--tokenizer-model", "tok"]
     args = at(base(tmp_path), dict(tensorboard_dir=str(tmp_path / "tb"), eval_tasks="x", tokenizer_model="tok"))
     assert checks.argument_errors(args, 1) == checks.argument_errors(args, 1, inputs=False) == []  # both installed
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", WITHOUT, *argv], input=json.dumps(vars(args)),
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"))
+    proc = run_in(python, WITHOUT, *argv, stdin=json.dumps(vars(args)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["found"] == [False, False, True, True]
