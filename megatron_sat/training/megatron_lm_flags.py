@@ -144,11 +144,11 @@ def flags_markdown() -> str:
     with what it takes, its default and its --help text."""
     from megatron_sat.training.arguments import _group  # here: arguments imports this module
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser()
     add_arguments(parser, _group)
     invocation = parser._get_formatter()._format_action_invocation  # the flag as --help writes it
     lines = []
-    for group in parser._action_groups[2:]:  # after argparse's own two (positionals, options), empty here
+    for group in parser._action_groups[2:]:  # after argparse's own two (positionals; options, which holds -h)
         lines += ["", f"*{group.title}*", "", "| flag | takes | default | help |", "|---|---|---|---|"]
         for a in group._group_actions:
             default = None if a.nargs == 0 else a.default  # a switch is off unless given
