@@ -540,3 +540,141 @@ def test_sample_based_warmup_and_decay_against_iterations_the_higher_layer_wins(
                     "--lr-decay-samples", "64"], capsys)
     assert _problems(err) == ["give --lr-warmup-iters or --lr-warmup-samples, not both",
                               "give --lr-decay-iters or --lr-decay-samples, not both"]
+
+
+def test_the_docs_table_of_the_megatron_lm_flags_is_the_parsers():
+    """docs/ecosystem.md lists add_arguments' flags as --help shows them: the table between its markers is
+    flags_markdown()'s, so a flag, a default or a help text changed without the docs fails here."""
+    with open(os.path.join(ROOT, "docs", "ecosystem.md")) as f:
+        text = f.read()
+    assert megatron_lm_flags.with_flags_table(text) == text, (
+        "docs/ecosystem.md's table of the Megatron-LM flags is not add_arguments': rewrite it with "
+        ".venv/bin/python -m megatron_sat.training.megatron_lm_flags --write docs/ecosystem.md")
+
+
+# add_arguments' flags on the debug recipe (satformer, sequence 32, 20 steps, global batch 8, warm-up 2 steps): the
+# words given, then what the namespace changes to (exactly; a no-op changes its own value only) or the start of the
+# one-line refusal, and whether the flag (the first word) names the run (arguments._group's names_run)
+REFUSED_HERE = " conflicts with --arch satformer"
+FLAG_ROWS = [
+    ("--use-mcore-models", dict(use_mcore_models=True), False),
+    ("--swiglu", dict(swiglu=True), False),
+    ("--disable-bias-linear", dict(disable_bias_linear=True), False),
+    ("--group-query-attention", dict(group_query_attention=True), False),
+    ("--normalization RMSNorm", dict(normalization="RMSNorm"), False),
+    ("--normalization LayerNorm", "--normalization LayerNorm" + REFUSED_HERE + ": every norm here is RMSNorm", False),
+    ("--position-embedding-type rope", dict(position_embedding_type="rope"), False),
+    ("--position-embedding-type learned_absolute", "--position-embedding-type learned_absolute" + REFUSED_HERE, False),
+    ("--rotary-percent 1.0", dict(rotary_percent=1.0), False),
+    ("--rotary-percent 0.99", "--rotary-percent 0.99" + REFUSED_HERE + ": RoPE rotates the whole head", False),
+    ("--max-position-embeddings 32", dict(max_position_embeddings=32), False),
+    ("--max-position-embeddings 31", "--max-position-embeddings 31 is below --seq-length 32", False),
+    ("--attention-dropout 0", dict(attention_dropout=0.0), False),
+    ("--attention-dropout 0.1", "--attention-dropout 0.1" + REFUSED_HERE, False),
+    ("--hidden-dropout 0", dict(hidden_dropout=0.0), False),
+    ("--hidden-dropout 0.1", "--hidden-dropout 0.1" + REFUSED_HERE, False),
+    ("--apply-layernorm-1p", dict(apply_layernorm_1p=True), False),
+    ("--apply-layernorm-1p --weight-decay-params all", "--apply-layernorm-1p with --weight-decay-params all", False),
+    *((f"--attention-backend {b}", dict(attention_backend=b), False) for b in ("auto", "flash", "fused", "unfused", "local")),
+    ("--attention-backend foo", "argument --attention-backend: invalid choice: 'foo'", False),
+    ("--calculate-per-token-loss", dict(calculate_per_token_loss=True), False),
+    ("--no-create-attention-mask-in-dataloader", dict(no_create_attention_mask_in_dataloader=True), False),
+    ("--tiktoken-pattern v2", dict(tiktoken_pattern="v2"), False),
+    ("--untie-embeddings-and-output-weights", dict(untie_embeddings_and_output_weights=True), True),
+    # the kernel and fusion switches
+    *((flag, {flag[2:].replace("-", "_"): True}, False) for flag in (
+        "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion",
+        "--no-gradient-accumulation-fusion", "--attention-softmax-in-fp32", "--use-rotary-position-embeddings",
+        "--no-position-embedding", "--no-check-for-nan-in-loss-and-grad")),
+    ("--optimizer adam", {}, False),  # the default
+    ("--optimizer sgd", "argument --optimizer: invalid choice: 'sgd'", False),
+    ("--logging-level 20", dict(logging_level=20), False),
+    ("--recompute-modules core_attn", dict(recompute_modules=["core_attn"]), False),
+    ("--recompute-modules core_attn mlp", "--recompute-modules core_attn mlp: selective recompute here recomputes "
+     "core attention only", False),
+    # training, data and logging
+    ("--lr-warmup-samples 12", dict(lr_warmup_samples=12, lr_warmup_iters=1.5), True),
+    ("--lr-decay-samples 64", dict(lr_decay_samples=64, lr_decay_iters=8.0), True),
+    ("--rampup-batch-size 2 2 8 --train-samples 40", dict(rampup_batch_size=[2, 2, 8], train_samples=40, train_iters=7),
+     True),
+    ("--rampup-batch-size 2 2 8", "--rampup-batch-size needs --train-samples", True),
+    ("--recompute-activations", dict(recompute_activations=True, recompute_granularity="selective"), False),
+    ("--num-workers 2", dict(num_workers=2), False),
+    ("--no-mmap-bin-files", dict(mmap_bin_files=False), False),
+    ("--overlap-param-gather", dict(overlap_param_gather=True), False),
+    ("--manual-gc", dict(manual_gc=True), False),
+    ("--manual-gc-interval 5", dict(manual_gc_interval=5), False),
+    ("--cross-entropy-loss-fusion", dict(cross_entropy_loss_fusion=True), False),
+    *((f"--empty-unused-memory-level {n}", dict(empty_unused_memory_level=n), False) for n in (0, 1, 2)),
+    ("--empty-unused-memory-level 3", "argument --empty-unused-memory-level: invalid choice: 3", False),
+    ("--decoupled-lr 1e-3", dict(decoupled_lr=1e-3), True),
+    ("--decoupled-min-lr 1e-5 --decoupled-lr 1e-3", dict(decoupled_min_lr=1e-5, decoupled_lr=1e-3), True),
+    ("--decoupled-min-lr 1e-5", "--decoupled-min-lr needs --decoupled-lr", True),
+    ("--vocab-file v.json", "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here", False),
+    ("--merge-file m.txt", "--vocab-file/--merge-file (GPT2BPETokenizer) are not read here", False),
+    ("--log-throughput", dict(log_throughput=True), False),
+    ("--wandb-save-dir wb", dict(wandb_save_dir="wb"), False),
+    # profiling (the range is checked with --profile: a default end of 12 within the 20 steps)
+    ("--profile", dict(profile=True), False),
+    ("--profile --profile-step-end 21", "--profile-step-start 10 to --profile-step-end 21 ends past the run's last "
+     "step (--train-iters 20)", False),
+    ("--profile-step-start 3", dict(profile_step_start=3), False),
+    ("--profile-step-end 20", dict(profile_step_end=20), False),
+    ("--use-pytorch-profiler", dict(use_pytorch_profiler=True), False),
+    ("--profile-ranks 0 1", dict(profile_ranks=[0, 1]), False),
+    ("--record-memory-history", dict(record_memory_history=True), False),
+    ("--memory-snapshot-path m.pickle", dict(memory_snapshot_path="m.pickle"), False),
+    ("--log-memory-to-tensorboard", dict(log_memory_to_tensorboard=True), False),
+    ("--log-timers-to-tensorboard", dict(log_timers_to_tensorboard=True), False),
+    *((f"--timing-log-level {n}", dict(timing_log_level=n), False) for n in (0, 1, 2)),
+    ("--timing-log-level 3", "argument --timing-log-level: invalid choice: 3", False),
+]
+# what each of them is without the flag (every one: a flag added without a row here fails the test below)
+FLAG_DEFAULTS = dict(
+    use_mcore_models=False, swiglu=False, disable_bias_linear=False, group_query_attention=False, normalization=None,
+    position_embedding_type=None, rotary_percent=None, max_position_embeddings=None, attention_dropout=None,
+    hidden_dropout=None, apply_layernorm_1p=False, attention_backend=None, calculate_per_token_loss=False,
+    no_create_attention_mask_in_dataloader=False, tiktoken_pattern=None, untie_embeddings_and_output_weights=False,
+    no_masked_softmax_fusion=False, no_bias_swiglu_fusion=False, no_bias_dropout_fusion=False, no_rope_fusion=False,
+    no_gradient_accumulation_fusion=False, attention_softmax_in_fp32=False, use_rotary_position_embeddings=False,
+    no_position_embedding=False, no_check_for_nan_in_loss_and_grad=False, optimizer="adam", logging_level=None,
+    recompute_modules=None, lr_warmup_samples=None, lr_decay_samples=None, rampup_batch_size=None,
+    recompute_activations=False, num_workers=0, mmap_bin_files=True, overlap_param_gather=False, manual_gc=False,
+    manual_gc_interval=0, cross_entropy_loss_fusion=False, empty_unused_memory_level=0, decoupled_lr=None,
+    decoupled_min_lr=None, vocab_file=None, merge_file=None, log_throughput=False, wandb_save_dir=None, profile=False,
+    profile_step_start=10, profile_step_end=12, use_pytorch_profiler=False, profile_ranks=[0],
+    record_memory_history=False, memory_snapshot_path=None, log_memory_to_tensorboard=False,
+    log_timers_to_tensorboard=False, timing_log_level=0)
+
+
+def _recipe(tmp_path) -> list:
+    return ["--recipe", "debug_satformer", "--save", str(tmp_path / "r")]
+
+
+@pytest.mark.parametrize("words, outcome, names_run", FLAG_ROWS, ids=[r[0] for r in FLAG_ROWS])
+def test_each_megatron_lm_flag_parses_as_documented(tmp_path, capsys, words, outcome, names_run):
+    """Each flag of add_arguments through the real parser: accepted with exactly its own value (a no-op: nothing
+    else changes, but what resolve derives from it), or refused in one line starting with its problem; and whether
+    another value of it is another run (names_run, read by the run-folder names)."""
+    from megatron_sat.training.arguments import build_parser
+
+    assert build_parser()._option_string_actions[words.split()[0]].names_run is names_run
+    if isinstance(outcome, str):
+        found = _problems(_refused([*_recipe(tmp_path), *words.split()], capsys))
+        assert len(found) == 1 and found[0].startswith(outcome), found
+        return
+    base = vars(parse_args(_recipe(tmp_path)))
+    assert vars(parse_args([*_recipe(tmp_path), *words.split()])) == {**base, **outcome}
+
+
+def test_the_megatron_lm_flags_defaults_and_rows(tmp_path):
+    """Without the flags, each value is FLAG_DEFAULTS' (off, or Megatron-LM's default); and FLAG_ROWS has a row for
+    every flag add_arguments defines, FLAG_DEFAULTS every value it sets."""
+    from megatron_sat.training.arguments import _group
+
+    parser = argparse.ArgumentParser(add_help=False)
+    megatron_lm_flags.add_arguments(parser, _group)
+    assert {a.dest for a in parser._actions} == set(FLAG_DEFAULTS)
+    assert {s for a in parser._actions for s in a.option_strings} == {words.split()[0] for words, _, _ in FLAG_ROWS}
+    args = vars(parse_args(_recipe(tmp_path)))
+    assert {dest: args[dest] for dest in FLAG_DEFAULTS} == FLAG_DEFAULTS
