@@ -19,7 +19,7 @@ from train_cli import ROOT, rows, train
 
 from megatron_sat.archs import ARCHS
 from megatron_sat.model.flops import peak_tflops_of
-from megatron_sat.training import megatron_lm_flags
+from megatron_sat.training import flag_table, megatron_lm_flags
 from megatron_sat.training.argument_checks import problems
 from megatron_sat.training.arguments import parse_args
 from megatron_sat.training.profiler import StepProfiler, bubble_fraction
@@ -547,9 +547,9 @@ def test_the_docs_table_of_the_megatron_lm_flags_is_the_parsers():
     flags_markdown()'s, so a flag, a default or a help text changed without the docs fails here."""
     with open(os.path.join(ROOT, "docs", "ecosystem.md")) as f:
         text = f.read()
-    assert megatron_lm_flags.with_flags_table(text) == text, (
+    assert flag_table.with_flags_table(text) == text, (
         "docs/ecosystem.md's table of the Megatron-LM flags is not add_arguments': rewrite it with "
-        ".venv/bin/python -m megatron_sat.training.megatron_lm_flags --write docs/ecosystem.md")
+        ".venv/bin/python -m megatron_sat.training.flag_table --write docs/ecosystem.md")
 
 
 # add_arguments' flags on the debug recipe (satformer, sequence 32, 20 steps, global batch 8, warm-up 2 steps): the
