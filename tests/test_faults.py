@@ -34,6 +34,7 @@ import time
 import psutil
 import pytest
 import torch
+from dist_utils import run_distributed
 from safetensors.torch import save_file
 from train_cli import ROOT, env, iter_dirs, latest, metrics, rows, start, train, wait_for
 
@@ -287,6 +288,39 @@ def test_a_full_disk_fails_the_save_cleanly(runs, tmp_path):
         assert verify(str(mnt / "run" / "iter_0000004"), collective=False)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_fails_the_save_on_every_rank_whichever_write_it_stops(tmp_path):
+    """Two ranks (tests/workers/full_disk_save.py) on a tmpfs filled so that exactly the files before one write fit:
+    a shard, Megatron-Core's .metadata and metadata.json and our manifest.json (each written by rank 0 alone, then a
+    collective the other rank waits in), the tracker. Each save fails on both ranks with the same one line, leaves the
+    run folder as it was and the group in step; synchronous and asynchronous. Was: rank 0's .metadata failing left
+    rank 1 in Megatron-Core's broadcast and rank 0 in our barrier, a deadlock (the chaos run's disk_full, once)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True,
+                           text=True)
+    if mount.returncode:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({mount.stderr.strip()}): needs root")
+    try:
+        out = run_distributed(os.path.join(ROOT, "tests", "workers", "full_disk_save.py") + ":main", 2, str(mnt),
+                              timeout=180)[0]  # 20 s here; a deadlock fails it
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    assert set(out["files"]) == {".metadata", "metadata.json", "manifest.json", "__0_0.distcp", "__1_0.distcp"}, out
+    run = mnt / "run"
+    failed = f"could not write checkpoint {run}/iter_0000004: the disk is full"
+    as_before = ["iter_0000002", "latest_checkpointed_iteration.txt"]
+    for mode in ("sync", "async"):
+        for level in ("shard", ".metadata", "metadata.json", "manifest.json", "tracker"):
+            seen = out["levels"][f"{mode} {level}"]
+            said = seen["outcomes"]
+            assert said[0] == said[1] and said[0].startswith(failed), (mode, level, said)
+            assert said[0].endswith(f"({run}/iter_0000002 is intact)") and "\n" not in said[0], (mode, level, said)
+            assert (seen["sum"], seen["listing"], seen["tracker"]) == (3, as_before, 2), (mode, level, seen)
+        seen = out["levels"][f"{mode} room"]
+        assert seen["outcomes"] == ["saved", "saved"], (mode, seen)
+        assert (seen["listing"], seen["tracker"]) == (["iter_0000002", "iter_0000004", as_before[1]], 4), seen
 
 
 def test_rng_state_round_trip(tmp_path):

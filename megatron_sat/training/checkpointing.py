@@ -14,7 +14,8 @@ dist-checkpoint save: the files are written by a forked process while training g
     2. once every rank has written them: manifest.json (sizes, checksums: integrity.py), the rename
        to RUN/iter_XXXXXXX, the tracker (run_folder.py), then retention of older checkpoints.
 So a run killed at any moment leaves its last complete checkpoint named by the tracker; a failed save
-(disk full) removes its .tmp folder and says so in one line (SaveFailed).
+(disk full) removes its .tmp folder and says so in one line (SaveFailed), on every rank at the same point,
+whichever rank's write failed (save_agreement.py).
 """
 
 import errno
@@ -33,7 +34,7 @@ from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQu
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_sat.model import upcycle
-from megatron_sat.training import integrity, run_folder
+from megatron_sat.training import integrity, run_folder, save_agreement
 from megatron_sat.training.run_folder import TRACKER, CheckpointError, checkpoint_dir  # noqa: F401 (re-exported)
 from megatron_sat.training.signals import install_write_results_queue, shielded_async_request
 
@@ -172,6 +173,11 @@ def _reason(err: BaseException, folder: Optional[str] = None) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+def _fresh_folder(tmp: str) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+
 def _folder_bytes(directory: str) -> int:
     return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)) \
         if os.path.isdir(directory) else 0
@@ -206,10 +212,7 @@ class Saver:
         self.finalize()  # the previous asynchronous save completes first
         final = checkpoint_dir(self.root, iteration)
         tmp = final + ".tmp"
-        if _rank0():
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        torch.distributed.barrier()
+        self._agree(tmp, save_agreement.attempt(lambda: _fresh_folder(tmp), here=_rank0()))
         common = dict(iteration=iteration, consumed_train_samples=consumed_samples, layout=layout_key(),
                       opt_param_scheduler=self.scheduler.state_dict(), args=args or {}, model_fields=model or {},
                       checkpoint_version=CHECKPOINT_VERSION)
@@ -217,7 +220,8 @@ class Saver:
         try:
             state = _state_dict(self.chunks, self.optimizer, False, common, with_rng=True)
             if self.queue is None:
-                dist_checkpointing.save(state, tmp)
+                with save_agreement.holding():
+                    dist_checkpointing.save(state, tmp)
                 self._commit(iteration, t0)
             else:
                 # Megatron-Core's own async writer ("mcore"): it runs on CPU and GPU alike; "nvrx" (the
@@ -234,24 +238,25 @@ class Saver:
         return final
 
     def _commit(self, iteration: int, t0: float) -> None:
-        """Collective: every rank's files are written. Manifest, rename, tracker, retention."""
+        """Collective: every rank's files are written. Manifest, rename, tracker, retention; a step that fails on
+        any rank (Megatron-Core's .metadata or metadata.json held on rank 0 included) fails the save on every rank."""
         final = checkpoint_dir(self.root, iteration)
         tmp = final + ".tmp"
+        failed = save_agreement.take()
+        if failed is None and self.debug_fail_at == iteration:
+            failed = OSError(errno.EIO, f"debug: save of iteration {iteration} made to fail")
+        if failed is None and self.debug_delay_s:
+            self.log(f"debug: holding the save of iteration {iteration} for {self.debug_delay_s} s")
+            time.sleep(self.debug_delay_s)
+        self._agree(tmp, failed)
         try:
-            if self.debug_fail_at == iteration:
-                raise OSError(errno.EIO, f"debug: save of iteration {iteration} made to fail")
-            if self.debug_delay_s:
-                self.log(f"debug: holding the save of iteration {iteration} for {self.debug_delay_s} s")
-                time.sleep(self.debug_delay_s)
-            torch.distributed.barrier()
-            integrity.write_manifest(tmp)
+            integrity.write_manifest(tmp)  # each rank hashes its share; rank 0 writes the file
+            failed = None
         except _WRITE_ERRORS as e:
-            self._abandon(tmp, e)
+            failed = e
+        self._agree(tmp, failed)
+        self._agree(tmp, save_agreement.attempt(lambda: self._publish(iteration, tmp, final), here=_rank0()))
         if _rank0():
-            if os.path.exists(final):  # a checkpoint of the same iteration (a rerun): replace it whole
-                run_folder.delete_checkpoint(self.root, iteration)
-            os.replace(tmp, final)
-            run_folder.write_tracker(self.root, iteration)
             self.log(f"saved checkpoint {final} ({time.time() - t0:.1f} s)")
             doomed = run_folder.retention_candidate(self.previous, iteration, self.retain_interval)
             self._retain(self.held + ([doomed] if doomed is not None else []))
@@ -259,12 +264,38 @@ class Saver:
         self.pending = None
         torch.distributed.barrier()
 
+    def _publish(self, iteration: int, tmp: str, final: str) -> None:
+        """Rank 0: the rename, then the tracker. A tracker that cannot be written leaves the checkpoint unnamed:
+        renamed back, for _abandon to remove (unless the tracker names this iteration already: a rerun's)."""
+        if os.path.exists(final):  # a checkpoint of the same iteration (a rerun): replace it whole
+            run_folder.delete_checkpoint(self.root, iteration)
+        os.replace(tmp, final)
+        try:
+            run_folder.write_tracker(self.root, iteration)
+        except OSError:
+            if run_folder.read_tracker(self.root) != iteration:
+                os.replace(final, tmp)
+            raise
+
+    def _agree(self, tmp: str, failed: Optional[BaseException]) -> None:
+        """Collective: when any rank's step failed, every rank abandons the save, with the first failing rank's
+        reason."""
+        reason = save_agreement.first(None if failed is None else _reason(failed, self.root))
+        if reason is not None:
+            self._abandon(tmp, failed, reason)
+
     def _retain(self, doomed: List[int]) -> None:
         """Delete what retention dropped; a checkpoint a reader holds (an export, an evaluation) is kept until a
         later save finds it free (self.held: within this job; a later job leaves it)."""
         self.held = []
         for iteration in doomed:
-            deleted, readers = run_folder.retain(self.root, iteration)
+            try:
+                deleted, readers = run_folder.retain(self.root, iteration)
+            except OSError as e:  # the save is complete: a checkpoint left behind is no reason to fail it
+                self.held.append(iteration)
+                self.log(f"warning: could not delete checkpoint {checkpoint_dir(self.root, iteration)} ({e}); a "
+                         "later save tries again")
+                continue
             if deleted:
                 self.log(f"deleted checkpoint {checkpoint_dir(self.root, iteration)} (--save-retain-interval "
                          f"{self.retain_interval})")
@@ -273,10 +304,13 @@ class Saver:
                 self.log(f"kept checkpoint {checkpoint_dir(self.root, iteration)} for now: read by "
                          f"{', '.join(readers)} (--save-retain-interval deletes it at a later save)")
 
-    def _abandon(self, tmp: str, err: BaseException) -> None:
+    def _abandon(self, tmp: str, err: Optional[BaseException], reason: Optional[str] = None) -> None:
+        """Collective (every rank failed at the same point, or agreed that one did): remove the .tmp folder and
+        raise SaveFailed with one line, the same on every rank."""
         self.pending = None
-        reason = _reason(err, self.root)  # before the partial files are removed: a full disk still shows
-        torch.distributed.barrier()
+        save_agreement.take()  # a failure held for this save is told by now, or moot
+        if reason is None:  # before the partial files are removed: a full disk still shows
+            reason = save_agreement.first(_reason(err, self.root))
         if _rank0():
             shutil.rmtree(tmp, ignore_errors=True)
         last = run_folder.latest_iteration(self.root) if os.path.isdir(self.root) else None
@@ -296,7 +330,8 @@ class Saver:
     def _finalize(self, blocking: bool) -> None:
         pending = self.pending
         try:
-            self.queue.maybe_finalize_async_calls(blocking=blocking)
+            with save_agreement.holding():
+                self.queue.maybe_finalize_async_calls(blocking=blocking)
         except SaveFailed:
             raise
         except _WRITE_ERRORS as e:  # the writer process failed on some rank

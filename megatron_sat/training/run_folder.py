@@ -92,10 +92,15 @@ def read_tracker(root: str) -> Optional[int]:
 
 def write_tracker(root: str, iteration: int) -> None:
     pointer = os.path.join(root, TRACKER)
-    with open(pointer + ".tmp", "w") as f:
-        f.write(str(iteration))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(pointer + ".tmp", "w") as f:
+            f.write(str(iteration))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        if os.path.exists(pointer + ".tmp"):
+            os.remove(pointer + ".tmp")  # a full disk: no stray file beside the tracker, which is as it was
+        raise
     os.replace(pointer + ".tmp", pointer)
 
 
