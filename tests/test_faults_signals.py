@@ -22,6 +22,7 @@ resume, data edge cases, and a hung rank. Real trainer processes, torchrun and m
 (Slurm's srun launch, USR1 then requeue: tests/test_slurm.py::test_preempted_job_requeues_and_resumes.)
 """
 
+import errno
 import json
 import math
 import os
@@ -450,6 +451,50 @@ def test_a_stopped_rank_is_named_after_the_timeout_and_within_one_heartbeat_more
     looks = sorted(looks)
     assert looks[-1] == fired["time"] and len(looks) >= 2, looks[-3:]
     assert looks[-2] - progress_at <= timeout, (looks[-2] - progress_at, detected)
+
+
+def test_on_a_full_disk_the_report_says_so_and_the_killed_rank_prints_its_stacks(tmp_path):
+    """The chaos run's full disk, once: no heartbeat could be written any more, so the watchdog of the rank that
+    stopped making progress saw the other, alive, as NOT RESPONDING and killed it without a word of where it was. Two
+    bare watchdog processes (tests/workers/watchdog_rank.py, 3 s timeout) on a tmpfs filled once both heartbeats are
+    written: rank 0's report says its own heartbeat cannot be written (No space left on device), and that launch.sh
+    will not requeue (no room for the marker), exit 75; rank 1, running, prints its Python stacks (STACKS_SIGNAL)
+    before the SIGKILL."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True,
+                           text=True)
+    if mount.returncode:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({mount.stderr.strip()}): needs root")
+    run = mnt / "run"
+    run.mkdir()
+    worker = os.path.join(ROOT, "tests", "workers", "watchdog_rank.py")
+    procs = [subprocess.Popen([sys.executable, worker, str(run), str(r), "2", "3"], cwd=ROOT, env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        wait_for(lambda: all((run / ".watchdog" / f"rank_{r}.json").exists() for r in (0, 1)), procs[0],
+                 "both heartbeats")
+        try:
+            with open(mnt / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 65536)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        (run / "stop").touch()  # an inode, no page: still possible on the full tmpfs
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    assert procs[0].returncode == 75, outs[0][-3000:]
+    assert "rank 1 stopped responding" in outs[0] and "NOT RESPONDING" in outs[0], outs[0][-3000:]
+    assert "rank 0's own heartbeat could not be written since" in outs[0], outs[0][-3000:]
+    assert "(No space left on device): a rank shown NOT RESPONDING may be alive" in outs[0], outs[0][-3000:]
+    assert "cannot write hang.json" in outs[0] and "slurm/launch.sh will not requeue this job" in outs[0], outs[0]
+    assert procs[1].returncode == -signal.SIGKILL, outs[1][-3000:]
+    assert "(most recent call first)" in outs[1] and 'watchdog_rank.py", line' in outs[1], outs[1][-3000:]
 
 
 def test_a_collective_that_times_out_before_the_watchdog_is_reported_as_a_hang(tmp_path):

@@ -9,7 +9,9 @@ collective, an evaluation or a save that never ends), its watchdog
      where no thread runs: SIGSTOP, a dead node, a kernel wait) and where each rank was, from the heartbeats;
   2. prints this rank's Python stacks (faulthandler, every thread) and the collectives it issued last (torch's
      flight recorder, which records gloo and NCCL collectives: TORCH_FR_BUFFER_SIZE, set below);
-  3. kills a rank on this host whose heartbeat went stale (a stopped process would hold its launcher forever);
+  3. kills a rank on this host whose heartbeat went stale (a stopped process would hold its launcher forever),
+     after asking it for its Python stacks (STACKS_SIGNAL, faulthandler's: a rank stuck outside Python, or alive but
+     unable to write its heartbeat, prints where it is to its own output; a stopped one cannot);
   4. writes RUN/.watchdog/hang.json (slurm/launch.sh requeues on it: srun reports the killed ranks' signal rather
      than this exit code) and exits with HANG_EXIT (75, EX_TEMPFAIL: try again), saving nothing: a save in
      progress stays a .tmp folder, which the next start removes; the rerun resumes from the last checkpoint.
@@ -52,6 +54,10 @@ MARKER = "hang.json"
 DEFAULT_HANG_MINUTES = 10.0  # the watchdog's timeout when neither timeout is given
 DEFAULT_GROUP_MINUTES = 30.0  # the process groups' when not given: torch's gloo default, Megatron-Core's groups'
 HEADROOM = 0.8  # the watchdog's default timeout is this share of the process groups' (and theirs T / HEADROOM)
+# a running rank prints its stacks on this signal (faulthandler): a real-time one, which no launcher, scheduler or
+# terminal sends (SIGUSR1/2 are preemption warnings, SIGQUIT and SIGWINCH come from terminals)
+STACKS_SIGNAL = signal.SIGRTMIN + 7
+STACKS_WAIT_S = 1.0  # how long a stuck rank is given to print them before SIGKILL
 
 
 def timeouts(hang_minutes: Optional[float], group_minutes: Optional[float]) -> Tuple[float, float]:
@@ -108,6 +114,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._firing = threading.Lock()  # one report: the thread's or collective_failed()'s
+        self.unwritten: Optional[Tuple[float, str]] = None  # since when, and why, this rank's heartbeat fails to write
 
     @property
     def enabled(self) -> bool:
@@ -125,6 +132,7 @@ class Watchdog:
             self.timeout_s = 0
             return self
         self.beat("starting the training loop")
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
         try:
             # the first heartbeat now, not one interval later: a rank stopped within its first seconds (a fast
             # resume) is then reported as NOT RESPONDING with where it was, not as having no heartbeat at all
@@ -149,6 +157,7 @@ class Watchdog:
         self._stop.set()
         if self._thread is None:
             return
+        faulthandler.unregister(STACKS_SIGNAL)
         self._thread.join(timeout=2 * self.interval_s + 1)
         for path in (self._path(self.rank), self._path(self.rank) + ".tmp"):
             try:
@@ -217,8 +226,9 @@ class Watchdog:
                          f"machine); not counted as a hang, carrying on at: {self.where}")
             try:
                 self._write(now)
-            except OSError:
-                pass  # a full or vanished disk: the loop will report it; keep watching
+                self.unwritten = None
+            except OSError as e:  # a full or vanished disk: the loop will report it; keep watching, and say so
+                self.unwritten = self.unwritten or (now, e.strerror or type(e).__name__)
             if self.paused is None and now - self.last > self.timeout_s:
                 self._fire(now)
 
@@ -239,6 +249,10 @@ class Watchdog:
         stale_after = self._stale_after()
         lines, stopped = [], []
         for r in range(self.world):
+            if r == self.rank:  # alive (this is its report): its heartbeat may be stale only for want of disk space
+                lines.append(f"  rank {r} ({socket.gethostname()} pid {os.getpid()}): this rank, alive, no progress "
+                             f"for {now - self.last:.0f} s: {self.where}")
+                continue
             hb = self._read(r)
             if hb is None:
                 lines.append(f"  rank {r}: no heartbeat at all")
@@ -254,6 +268,11 @@ class Watchdog:
         culprit = (f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped responding"
                    if stopped else "no rank stopped responding: every rank waits (a deadlock, or a slow step, "
                    "evaluation or save: raise --hang-timeout-minutes if so)")
+        if self.unwritten:
+            since, error = self.unwritten
+            lines.append(f"  rank {self.rank}'s own heartbeat could not be written since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(since))} ({error}): a rank shown NOT RESPONDING "
+                         f"may be alive and unable to write its heartbeat too (free space on {self.folder})")
         why = cause or f"no progress for {now - self.last:.0f} s (--hang-timeout-minutes {self.timeout_s / 60:g})"
         report = (f"megatron-sat watchdog (rank {self.rank}): {why} at: {self.where}; {culprit}.\n"
                   + "\n".join(lines)
@@ -268,15 +287,40 @@ class Watchdog:
         for r in stopped:
             hb = self._read(r)
             if hb and hb.get("host") == host and hb.get("pid") not in (None, os.getpid()):
-                try:
-                    os.kill(hb["pid"], signal.SIGKILL)  # a stopped process would hold its launcher forever
-                except OSError:
-                    pass
+                _stacks_then_kill(hb["pid"])  # a stopped process would hold its launcher forever
         try:
             tmp = os.path.join(self.folder, MARKER + f".{self.rank}.tmp")
             with open(tmp, "w") as f:
                 json.dump(dict(rank=self.rank, stopped=stopped, where=self.where, time=now, exit_code=HANG_EXIT), f)
             os.replace(tmp, os.path.join(self.folder, MARKER))
-        except OSError:
-            pass
+        except OSError as e:
+            sys.stderr.write(f"megatron-sat watchdog (rank {self.rank}): cannot write {MARKER} in {self.folder} "
+                             f"({e.strerror or e}): slurm/launch.sh will not requeue this job\n")
+            sys.stderr.flush()
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
         os._exit(HANG_EXIT)
+
+
+def _state(pid: int) -> Optional[str]:
+    """The process's state letter from /proc (R running, S sleeping, T stopped, Z zombie...); None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _stacks_then_kill(pid: int) -> None:
+    """SIGKILL a local rank whose heartbeat went stale; first, unless it is stopped or gone (it could not answer),
+    ask it for its stacks (STACKS_SIGNAL: faulthandler prints them to its stderr, from C, also while its main
+    thread is stuck in a collective or holds the GIL) and give it STACKS_WAIT_S to print them."""
+    try:
+        if _state(pid) not in (None, "T", "t", "Z", "X"):
+            os.kill(pid, STACKS_SIGNAL)
+            time.sleep(STACKS_WAIT_S)
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
