@@ -28,6 +28,22 @@ def test_a_step_is_attempted_only_where_asked_and_its_failure_returned():
         save_agreement.attempt(lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
 
 
+@pytest.fixture(autouse=True)
+def unwrapped():
+    """Megatron-Core's two writes as megatron-core defines them, before each test and after: so that each test sees
+    save_agreement install its wrappers (mutation testing runs the tests in a process where an earlier run had)."""
+    def restore():
+        for owner, name in ((FileSystemWriterAsync, "finish"), (serialization, "save_config")):
+            write = getattr(owner, name)
+            while hasattr(write, "msat_holds"):
+                write = write.__wrapped__
+            setattr(owner, name, write)
+
+    restore()
+    yield
+    restore()
+
+
 def _metadata_write(folder):
     """Megatron-Core's two writes of rank 0 alone, into `folder`."""
     writer = FileSystemWriterAsync(folder)
@@ -59,12 +75,22 @@ def test_the_coordinator_writes_are_held_inside_holding_and_raised_outside(tmp_p
         raise ZeroDivisionError("not a write's")
     with pytest.raises(FileNotFoundError):  # holding ended with the exception
         finish()
-    wrapped = FileSystemWriterAsync.finish
+    wrapped = FileSystemWriterAsync.finish, serialization.save_config
     with save_agreement.holding():
         pass
-    assert FileSystemWriterAsync.finish is wrapped and serialization.save_config.msat_holds  # wrapped once
-    assert FileSystemWriterAsync.finish.__wrapped__.__name__ == "finish" and \
-        not getattr(FileSystemWriterAsync.finish.__wrapped__, "msat_holds", False)
+    assert (FileSystemWriterAsync.finish, serialization.save_config) == wrapped  # wrapped once, however often held
+    for write, name in zip(wrapped, ("finish", "save_config")):
+        assert write.msat_holds is True and write.__name__ == name and not hasattr(write.__wrapped__, "msat_holds")
+
+
+def test_a_megatron_core_without_those_writes_is_named(monkeypatch):
+    """A megatron-core whose save is laid out otherwise: one line naming what is missing and what to look at."""
+    monkeypatch.delattr(serialization, "save_config")
+    with pytest.raises(RuntimeError) as missing, save_agreement.holding():
+        pass
+    assert str(missing.value) == ("megatron-core has no megatron.core.dist_checkpointing.serialization.save_config "
+                                  "(megatron_sat/training/save_agreement.py was written for 0.19's dist-checkpoint "
+                                  "save)")
 
 
 def test_the_writes_go_through_when_they_can(tmp_path):
