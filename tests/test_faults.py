@@ -36,6 +36,7 @@ import pytest
 import torch
 from dist_utils import run_distributed
 from safetensors.torch import save_file
+from small_disk import small_tmpfs
 from train_cli import ROOT, env, iter_dirs, latest, metrics, rows, start, train, wait_for
 
 from megatron_sat.conversion.hf_io import read_hf_config, read_hf_weights
@@ -271,23 +272,15 @@ def test_retention_keeps_multiples_of_the_interval_and_the_newest(tmp_path):
 
 
 def test_a_full_disk_fails_the_save_cleanly(runs, tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
     size = sum(os.path.getsize(runs["tmp"] / "R" / "iter_0000004" / n)
                for n in os.listdir(runs["tmp"] / "R" / "iter_0000004"))
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.6) // 4096 * 4096 + 4096}",
-                            "tmpfs", str(mnt)], capture_output=True, text=True)
-    if mount.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({mount.stderr.strip()}): needs root")
-    try:
+    with small_tmpfs(tmp_path / "small", int(size * 1.6) // 4096 * 4096 + 4096) as mnt:
         log = train(*BASE, "--save", mnt / "run", expect=4)
         line = next(line for line in log.splitlines() if "error:" in line)
         assert "the disk is full" in line and "iter_0000008" in line and "iter_0000004 is intact" in line, log
         assert sorted(os.listdir(mnt / "run")) == ["config.json", "iter_0000004", "latest_checkpointed_iteration.txt",
                                                    "metrics.jsonl"]
         assert verify(str(mnt / "run" / "iter_0000004"), collective=False)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_fails_the_save_on_every_rank_whichever_write_it_stops(tmp_path):
@@ -296,17 +289,9 @@ def test_a_full_disk_fails_the_save_on_every_rank_whichever_write_it_stops(tmp_p
     collective the other rank waits in), the tracker. Each save fails on both ranks with the same one line, leaves the
     run folder as it was and the group in step; synchronous and asynchronous. Was: rank 0's .metadata failing left
     rank 1 in Megatron-Core's broadcast and rank 0 in our barrier, a deadlock (the chaos run's disk_full, once)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True,
-                           text=True)
-    if mount.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({mount.stderr.strip()}): needs root")
-    try:
+    with small_tmpfs(tmp_path / "small", 32 << 20) as mnt:
         out = run_distributed(os.path.join(ROOT, "tests", "workers", "full_disk_save.py") + ":main", 2, str(mnt),
                               timeout=180)[0]  # 20 s here; a deadlock fails it
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
     assert set(out["files"]) == {".metadata", "metadata.json", "manifest.json", "__0_0.distcp", "__1_0.distcp"}, out
     run = mnt / "run"
     failed = f"could not write checkpoint {run}/iter_0000004: the disk is full"

@@ -36,6 +36,7 @@ import numpy as np
 import psutil
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from small_disk import small_tmpfs
 from train_cli import ROOT, env, free_port, latest, metrics, rows, start, train, wait_for
 
 from megatron_sat.data import preprocess, train_bpe_tokenizer
@@ -460,34 +461,28 @@ def test_on_a_full_disk_the_report_says_so_and_the_killed_rank_prints_its_stacks
     written: rank 0's report says its own heartbeat cannot be written (No space left on device), and that launch.sh
     will not requeue (no room for the marker), exit 75; rank 1, running, prints its Python stacks (STACKS_SIGNAL)
     before the SIGKILL."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True,
-                           text=True)
-    if mount.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({mount.stderr.strip()}): needs root")
-    run = mnt / "run"
-    run.mkdir()
-    worker = os.path.join(ROOT, "tests", "workers", "watchdog_rank.py")
-    procs = [subprocess.Popen([sys.executable, worker, str(run), str(r), "2", "3"], cwd=ROOT, env=env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    try:
-        wait_for(lambda: all((run / ".watchdog" / f"rank_{r}.json").exists() for r in (0, 1)), procs[0],
-                 "both heartbeats")
+    with small_tmpfs(tmp_path / "small", 1 << 20) as mnt:
+        run = mnt / "run"
+        run.mkdir()
+        worker = os.path.join(ROOT, "tests", "workers", "watchdog_rank.py")
+        procs = [subprocess.Popen([sys.executable, worker, str(run), str(r), "2", "3"], cwd=ROOT, env=env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
         try:
-            with open(mnt / "filler", "wb") as f:
-                while True:
-                    f.write(b"\0" * 65536)
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, e
-        (run / "stop").touch()  # an inode, no page: still possible on the full tmpfs
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+            wait_for(lambda: all((run / ".watchdog" / f"rank_{r}.json").exists() for r in (0, 1)), procs[0],
+                     "both heartbeats")
+            try:
+                with open(mnt / "filler", "wb") as f:
+                    while True:
+                        f.write(b"\0" * 65536)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+            (run / "stop").touch()  # an inode, no page: still possible on the full tmpfs
+            outs = [p.communicate(timeout=120)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
     assert procs[0].returncode == 75, outs[0][-3000:]
     assert "rank 1 stopped responding" in outs[0] and "NOT RESPONDING" in outs[0], outs[0][-3000:]
     assert "rank 0's own heartbeat could not be written since" in outs[0], outs[0][-3000:]
