@@ -249,12 +249,8 @@ class Saver:
             self.log(f"debug: holding the save of iteration {iteration} for {self.debug_delay_s} s")
             time.sleep(self.debug_delay_s)
         self._agree(tmp, failed)
-        try:
-            integrity.write_manifest(tmp)  # each rank hashes its share; rank 0 writes the file
-            failed = None
-        except _WRITE_ERRORS as e:
-            failed = e
-        self._agree(tmp, failed)
+        # each rank hashes its share (a gather); rank 0 writes the file
+        self._agree(tmp, save_agreement.attempt(lambda: integrity.write_manifest(tmp)))
         self._agree(tmp, save_agreement.attempt(lambda: self._publish(iteration, tmp, final), here=_rank0()))
         if _rank0():
             self.log(f"saved checkpoint {final} ({time.time() - t0:.1f} s)")

@@ -48,6 +48,8 @@ import threading
 import time
 from typing import Callable, Optional, Tuple
 
+import psutil
+
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may be retried (slurm/launch.sh requeues it)
 FOLDER = ".watchdog"
 MARKER = "hang.json"
@@ -304,13 +306,13 @@ class Watchdog:
         os._exit(HANG_EXIT)
 
 
-def _state(pid: int) -> Optional[str]:
-    """The process's state letter from /proc (R running, S sleeping, T stopped, Z zombie...); None if unknown."""
+def _can_answer(pid: int) -> bool:
+    """The process runs (or sleeps): not stopped, traced, a zombie or gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+        return psutil.Process(pid).status() not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP,
+                                                    psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
 
 
 def _stacks_then_kill(pid: int) -> None:
@@ -318,7 +320,7 @@ def _stacks_then_kill(pid: int) -> None:
     ask it for its stacks (STACKS_SIGNAL: faulthandler prints them to its stderr, from C, also while its main
     thread is stuck in a collective or holds the GIL) and give it STACKS_WAIT_S to print them."""
     try:
-        if _state(pid) not in (None, "T", "t", "Z", "X"):
+        if _can_answer(pid):
             os.kill(pid, STACKS_SIGNAL)
             time.sleep(STACKS_WAIT_S)
         os.kill(pid, signal.SIGKILL)
